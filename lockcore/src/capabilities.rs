@@ -1,0 +1,103 @@
+//! What a backend can promise, declared honestly and read by the conformance suite.
+
+/// How far a backend's fencing tokens can be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fencing {
+    /// Successive holders of a name always get strictly larger tokens.
+    Strict,
+    /// Strict while the server keeps its data; a failover to a lagging
+    /// replica, or a restart without persistence, can hand out a smaller one
+    /// (Redis on one instance or a cluster).
+    StrictWhileDataKept,
+    /// No token is safe to fence with; guards report `None` (RedLock: there is
+    /// no counter that is monotonic across independent masters).
+    None,
+}
+
+/// What keeps a lease alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseKind {
+    /// A ttl on the server, renewed by the watchdog (memory, Redis, etcd).
+    Ttl,
+    /// A client session, kept alive by heartbeats (ZooKeeper).
+    Session,
+    /// An open connection holding a transaction (MySQL).
+    Connection,
+}
+
+/// What a backend can promise.
+///
+/// Build with [`Capabilities::new`] and the setters:
+///
+/// ```
+/// use lockcore::{Capabilities, Fencing, LeaseKind};
+///
+/// let caps = Capabilities::new(Fencing::Strict, LeaseKind::Ttl).fair(true).push_wakeup(true);
+/// assert!(caps.fair);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// How far fencing tokens can be trusted.
+    pub fencing: Fencing,
+    /// Waiters are served in arrival order.
+    pub fair: bool,
+    /// A release wakes waiters by a push from the server, not by polling.
+    pub push_wakeup: bool,
+    /// What keeps a lease alive.
+    pub lease: LeaseKind,
+    /// [`Backend::inspect`](crate::Backend::inspect) can tell the holder and
+    /// count the waiters.
+    pub inspect: bool,
+    /// Locks exclude other processes (false for the in-memory backend).
+    pub cross_process: bool,
+}
+
+impl Capabilities {
+    /// Not fair, no push wake-up, no inspection, cross-process.
+    pub const fn new(fencing: Fencing, lease: LeaseKind) -> Self {
+        Capabilities {
+            fencing,
+            fair: false,
+            push_wakeup: false,
+            lease,
+            inspect: false,
+            cross_process: true,
+        }
+    }
+
+    /// Sets [`fair`](Capabilities::fair).
+    #[must_use]
+    pub const fn fair(mut self, v: bool) -> Self {
+        self.fair = v;
+        self
+    }
+
+    /// Sets [`push_wakeup`](Capabilities::push_wakeup).
+    #[must_use]
+    pub const fn push_wakeup(mut self, v: bool) -> Self {
+        self.push_wakeup = v;
+        self
+    }
+
+    /// Sets [`inspect`](Capabilities::inspect).
+    #[must_use]
+    pub const fn inspect(mut self, v: bool) -> Self {
+        self.inspect = v;
+        self
+    }
+
+    /// Sets [`cross_process`](Capabilities::cross_process).
+    #[must_use]
+    pub const fn cross_process(mut self, v: bool) -> Self {
+        self.cross_process = v;
+        self
+    }
+
+    /// Whether guards carry a fencing token at all.
+    pub const fn has_fencing(&self) -> bool {
+        !matches!(self.fencing, Fencing::None)
+    }
+}

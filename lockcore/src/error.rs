@@ -1,0 +1,191 @@
+//! The one error type every backend returns, and the kinds callers match on.
+
+use std::fmt;
+
+/// A boxed error from a backend's native client, kept as [`std::error::Error::source`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, as a caller can match on it.
+///
+/// Contention is not an error: a `try` acquisition that finds the name held
+/// returns `Ok(None)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Waiting for the lock (or for the server) ran out of time.
+    Timeout,
+    /// The lease is gone or can no longer be trusted: it expired, renewal was
+    /// refused, the session or connection that kept it ended.
+    Lost,
+    /// The lock name is not acceptable (empty, too long, NUL or control
+    /// characters). No server was asked.
+    InvalidName,
+    /// An option or a connection setting is out of range or malformed.
+    InvalidConfig,
+    /// The server is down or unreachable.
+    Unavailable,
+    /// The request may or may not have applied on the server (a timed-out
+    /// `SET NX`, a lock RPC that was cut off). The library has already started
+    /// cleaning up what it may have created.
+    Indeterminate,
+    /// Any other error reported by the backend; see the source error.
+    Backend,
+}
+
+impl ErrorKind {
+    fn describe(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timed out",
+            ErrorKind::Lost => "lease lost",
+            ErrorKind::InvalidName => "invalid lock name",
+            ErrorKind::InvalidConfig => "invalid configuration",
+            ErrorKind::Unavailable => "server unavailable",
+            ErrorKind::Indeterminate => "outcome unknown (the request may have applied)",
+            ErrorKind::Backend => "backend error",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// The error of every lock operation, whatever the backend.
+///
+/// It carries a [`kind`](Error::kind) to match on, the backend's name, the
+/// lock name where there is one, a message that says what was tried, and the
+/// backend's native error as [`source`](std::error::Error::source) (which a
+/// caller can downcast).
+///
+/// ```
+/// use lockcore::{Error, ErrorKind};
+///
+/// let err = Error::new(ErrorKind::Unavailable, "redis", "connect to 127.0.0.1:6379 refused")
+///     .with_name("jobs/nightly");
+/// assert_eq!(err.kind(), ErrorKind::Unavailable);
+/// assert_eq!(err.name(), Some("jobs/nightly"));
+/// assert!(err.to_string().contains("jobs/nightly"));
+/// ```
+#[derive(thiserror::Error)]
+#[error("{backend}: {kind}{}: {message}", fmt_name(.name))]
+pub struct Error {
+    kind: ErrorKind,
+    backend: &'static str,
+    name: Option<String>,
+    message: String,
+    #[source]
+    source: Option<BoxError>,
+}
+
+fn fmt_name(name: &Option<String>) -> String {
+    match name {
+        Some(n) => format!(" on lock {n:?}"),
+        None => String::new(),
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind)
+            .field("backend", &self.backend)
+            .field("name", &self.name)
+            .field("message", &self.message);
+        if let Some(s) = &self.source {
+            d.field("source", &format_args!("{s}"));
+        }
+        d.finish()
+    }
+}
+
+impl Error {
+    /// A new error of `kind` from `backend` (its short name, e.g. `"redis"`).
+    pub fn new(kind: ErrorKind, backend: &'static str, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            backend,
+            name: None,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Names the lock the operation was about.
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Attaches the backend's native error.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The short name of the backend that reported it.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The lock name the operation was about, if any.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The message, without backend, kind and name.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Shorthand for `Error::new(ErrorKind::InvalidConfig, ..)`.
+    pub fn invalid_config(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidConfig, backend, message)
+    }
+
+    /// Shorthand for `Error::new(ErrorKind::Unavailable, ..)`.
+    pub fn unavailable(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Unavailable, backend, message)
+    }
+
+    /// Shorthand for `Error::new(ErrorKind::Lost, ..)`.
+    pub fn lost(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Lost, backend, message)
+    }
+
+    /// Shorthand for `Error::new(ErrorKind::Backend, ..)`.
+    pub fn backend_error(backend: &'static str, message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Backend, backend, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn display_names_backend_kind_and_lock() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = Error::new(ErrorKind::Unavailable, "redis", "connecting to 127.0.0.1:1")
+            .with_name("a/b")
+            .with_source(io);
+        assert_eq!(
+            e.to_string(),
+            "redis: server unavailable on lock \"a/b\": connecting to 127.0.0.1:1"
+        );
+        let src = e.source().expect("source kept");
+        assert!(src.downcast_ref::<std::io::Error>().is_some());
+    }
+}

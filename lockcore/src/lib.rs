@@ -1,0 +1,76 @@
+//! Distributed locks with pluggable backends.
+//!
+//! `lockcore` is the backend-neutral part: the [`Locker`] handle, lock
+//! [options](LockOptions), the [`LockGuard`] with watchdog renewal, a lost
+//! signal and a fencing token, the [`Error`] type, [`Capabilities`], the
+//! [fencing gate](fencing) for guarded resources, the [history
+//! checker](history), and the [in-memory backend](memory), which is the
+//! embedded default. Backends for Redis, ZooKeeper, etcd and MySQL live in
+//! their own crates and implement [`Backend`].
+//!
+//! The contract every backend meets (and the conformance suite checks):
+//! mutual exclusion while a lease is valid, owner-checked renewal and
+//! release, strictly rising fencing tokens where the backend
+//! [can promise them](Fencing), a lost signal when the lease can no longer be
+//! trusted, reentrancy through one owner, and cancel-safe acquisition.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lockcore::{Locker, LockOptions, Wait};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! let locker = Locker::memory();
+//!
+//! // Wait up to 5 s for the lock; renew it while held.
+//! let opts = LockOptions::new().ttl(Duration::from_secs(10)).wait(Wait::For(Duration::from_secs(5)));
+//! let guard = locker.acquire("migrations", &opts).await?.expect("waits, so never None");
+//!
+//! tokio::select! {
+//!     _ = guard.lost() => eprintln!("lease lost: stop"),
+//!     _ = async { /* the guarded work, writing with guard.fence() */ } => {}
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod backend;
+pub mod capabilities;
+pub mod cleanup;
+pub mod error;
+pub mod fencing;
+mod guard;
+pub mod history;
+mod locker;
+pub mod memory;
+pub mod name;
+pub mod options;
+pub mod retry;
+mod watchdog;
+
+pub use backend::{
+    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, OwnerToken,
+    Released, Renewal,
+};
+pub use capabilities::{Capabilities, Fencing, LeaseKind};
+pub use error::{BoxError, Error, ErrorKind, Result};
+pub use guard::LockGuard;
+pub use locker::Locker;
+pub use name::{validate_name, MAX_NAME_BYTES};
+pub use options::{LockOptions, Wait, DEFAULT_TTL, MAX_TTL, MIN_TTL};
+
+// Guards and acquire futures are `Send` (and guards `'static`): they can move
+// into spawned tasks. Checked at compile time.
+#[allow(dead_code)]
+fn _assert_send() {
+    fn send<T: Send>(_: &T) {}
+    fn send_static<T: Send + Sync + 'static>() {}
+    send_static::<LockGuard>();
+    send_static::<Locker>();
+    send_static::<Error>();
+    let l = Locker::memory();
+    send(&l.lock("x"));
+    send(&l.try_lock("x"));
+    send(&l.acquire("x", &LockOptions::new()));
+    send(&l.lock_timeout("x", std::time::Duration::from_secs(1)));
+}

@@ -1,0 +1,248 @@
+//! The user's handle: acquire locks on any backend.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{AcquireRequest, Backend, Deadline, LockInfo, OwnerToken};
+use crate::capabilities::Capabilities;
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::{Held, LockGuard, Owner};
+use crate::memory::MemoryBackend;
+use crate::name::validate_name;
+use crate::options::{LockOptions, Wait};
+use crate::watchdog;
+
+/// How long past its wait deadline a backend's acquire may run before it is
+/// dropped (and cleans up after itself).
+const DEADLINE_GRACE: Duration = Duration::from_millis(250);
+
+/// A handle to a lock backend, cheap to clone.
+///
+/// **Owners and reentrancy.** Each `Locker` value is one *owner*. Acquiring a
+/// name again through the same value, while its lease is held, takes another
+/// hold on that lease at once (no waiting, same fencing token); the lease is
+/// released when the last hold goes. A clone shares the backend connection
+/// but is a *different owner*: clones exclude each other like separate
+/// processes do. So clone a `Locker` into each task, and lock twice through
+/// one value only where reentrancy is meant.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockcore::{Locker, LockOptions, Wait};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockcore::Result<()> {
+/// let a = Locker::memory();
+/// let b = a.clone(); // same backend, another owner
+///
+/// let held = a.lock("invoices").await?;
+/// assert!(b.try_lock("invoices").await?.is_none()); // contention is Ok(None)
+///
+/// let again = a.lock("invoices").await?; // reentrant through the same owner
+/// assert_eq!(again.hold_count(), 2);
+/// assert_eq!(again.fence(), held.fence());
+/// drop(again);
+/// held.release().await?;
+///
+/// let opts = LockOptions::new().wait(Wait::For(Duration::from_millis(100)));
+/// let g = b.acquire("invoices", &opts).await?.expect("free again");
+/// # drop(g);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    backend: Arc<dyn Backend>,
+    defaults: LockOptions,
+    owner: OwnerHandle,
+}
+
+/// The owner identity of a `Locker` value; cloning makes a new owner.
+struct OwnerHandle(Arc<Owner>);
+
+impl Clone for OwnerHandle {
+    fn clone(&self) -> Self {
+        OwnerHandle(Arc::default())
+    }
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.backend)
+            .field("defaults", &self.defaults)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Locker {
+    /// A handle over `backend`, with default options ([`LockOptions::new`]).
+    pub fn new(backend: impl Backend) -> Self {
+        Locker::from_arc(Arc::new(backend))
+    }
+
+    /// A handle over a shared backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Locker {
+            backend,
+            defaults: LockOptions::new(),
+            owner: OwnerHandle(Arc::default()),
+        }
+    }
+
+    /// A handle over a new, private in-memory backend (locks between the
+    /// tasks of this process that share it through clones).
+    pub fn memory() -> Self {
+        Locker::new(MemoryBackend::new())
+    }
+
+    /// Sets the options used by [`lock`](Locker::lock),
+    /// [`try_lock`](Locker::try_lock) and [`lock_timeout`](Locker::lock_timeout)
+    /// (their wait is their own).
+    #[must_use]
+    pub fn with_defaults(mut self, defaults: LockOptions) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// The default options.
+    pub fn defaults(&self) -> &LockOptions {
+        &self.defaults
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The backend's short name.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// What the backend can promise.
+    pub fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// Waits until `name` is acquired (default ttl and renewal).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future leaves nothing held or queued on the
+    /// server after at most one cleanup round trip.
+    pub async fn lock(&self, name: &str) -> Result<LockGuard> {
+        let opts = self.defaults.wait(Wait::Forever);
+        self.acquire(name, &opts).await?.ok_or_else(|| {
+            Error::backend_error(
+                self.backend.name(),
+                "the backend gave up waiting forever without an error",
+            )
+            .with_name(name)
+        })
+    }
+
+    /// One attempt: the guard, or `Ok(None)` when `name` is held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Locker::lock).
+    pub async fn try_lock(&self, name: &str) -> Result<Option<LockGuard>> {
+        self.acquire(name, &self.defaults.wait(Wait::Try)).await
+    }
+
+    /// Waits up to `wait` for `name`, then fails with [`ErrorKind::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Locker::lock).
+    pub async fn lock_timeout(&self, name: &str, wait: Duration) -> Result<LockGuard> {
+        let opts = self.defaults.wait(Wait::For(wait));
+        self.acquire(name, &opts).await?.ok_or_else(|| {
+            Error::new(ErrorKind::Timeout, self.backend.name(), "no lease").with_name(name)
+        })
+    }
+
+    /// Acquires `name` with `opts`.
+    ///
+    /// - [`Wait::Try`]: `Ok(None)` when the name is held.
+    /// - [`Wait::For`]: [`ErrorKind::Timeout`] when still held at the deadline.
+    /// - [`Wait::Forever`]: waits until acquired or an error.
+    ///
+    /// Invalid names fail with [`ErrorKind::InvalidName`] and out-of-range
+    /// options with [`ErrorKind::InvalidConfig`], before any server is asked.
+    /// If this owner already holds `name`, another hold is taken at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future at any point leaves nothing held or
+    /// queued on the server after at most one cleanup round trip.
+    pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let backend = self.backend.name();
+        validate_name(backend, name)?;
+        opts.validate(backend)?;
+        if let Some(held) = self.owner.0.reenter(name) {
+            return Ok(Some(LockGuard::new(held, self.owner.0.clone())));
+        }
+        let deadline = match opts.get_wait() {
+            Wait::Try => Deadline::Now,
+            Wait::For(d) => Deadline::At(Instant::now() + d),
+            Wait::Forever => Deadline::Never,
+        };
+        let lost = CancellationToken::new();
+        let req = AcquireRequest {
+            name,
+            owner: OwnerToken::random(),
+            ttl: opts.get_ttl(),
+            deadline,
+            lost: &lost,
+        };
+        let attempt = self.backend.acquire(req);
+        let grant = match deadline.instant() {
+            Some(at) => tokio::time::timeout_at((at + DEADLINE_GRACE).into(), attempt)
+                .await
+                .unwrap_or(Ok(None))?,
+            None => attempt.await?,
+        };
+        let Some(grant) = grant else {
+            return match opts.get_wait() {
+                Wait::Try => Ok(None),
+                Wait::For(d) => Err(Error::new(
+                    ErrorKind::Timeout,
+                    backend,
+                    format!("still held by another owner after waiting {d:?}"),
+                )
+                .with_name(name)),
+                Wait::Forever => Err(Error::backend_error(
+                    backend,
+                    "the backend gave up waiting forever without an error",
+                )
+                .with_name(name)),
+            };
+        };
+        let held = Arc::new(Held::new(
+            name.to_owned(),
+            backend,
+            grant,
+            lost,
+            opts.get_ttl(),
+            opts.get_renew(),
+        ));
+        watchdog::spawn(&held);
+        self.owner.0.insert(held.clone());
+        Ok(Some(LockGuard::new(held, self.owner.0.clone())))
+    }
+
+    /// What the backend can tell about `name`: holder and waiters, or
+    /// `Ok(None)` when it cannot inspect.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        validate_name(self.backend.name(), name)?;
+        self.backend.inspect(name).await
+    }
+}

@@ -1,0 +1,166 @@
+//! Lock names: validation, and a reversible encoding into one path segment.
+//!
+//! A name is UTF-8, 1 to [`MAX_NAME_BYTES`] bytes, with no NUL and no control
+//! characters. Beyond that names are opaque: `a/b`, `../x`, `%`, spaces, emoji
+//! and SQL quotes are ordinary names. Backends whose keyspace is a path
+//! (ZooKeeper, etcd) map a name to one segment with [`encode_segment`], never
+//! by pasting it in.
+
+use std::borrow::Cow;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The longest name accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Checks a lock name; `backend` is named in the error.
+///
+/// ```
+/// use lockcore::{validate_name, ErrorKind};
+///
+/// assert!(validate_name("memory", "jobs/nightly report 🦀").is_ok());
+/// let err = validate_name("memory", "bad\nname").unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::InvalidName);
+/// ```
+pub fn validate_name(backend: &'static str, name: &str) -> Result<()> {
+    let problem = if name.is_empty() {
+        Some("a lock name must not be empty".to_owned())
+    } else if name.len() > MAX_NAME_BYTES {
+        Some(format!(
+            "a lock name is at most {MAX_NAME_BYTES} bytes, this one has {}",
+            name.len()
+        ))
+    } else {
+        name.char_indices().find(|(_, c)| c.is_control()).map(|(i, c)| {
+            format!(
+                "a lock name must not contain NUL or control characters (found U+{:04X} at byte {i})",
+                c as u32
+            )
+        })
+    };
+    match problem {
+        None => Ok(()),
+        Some(message) => {
+            // Keep the offending name printable in the error.
+            let shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
+            Err(Error::new(ErrorKind::InvalidName, backend, message).with_name(shown))
+        }
+    }
+}
+
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~' | b'.')
+}
+
+/// Encodes a name into one path segment, reversibly.
+///
+/// ASCII letters, digits and `-_~.` stand as they are; every other byte is
+/// `%XX` (uppercase hex). The segments `.` and `..` become `%2E` and
+/// `%2E%2E`. The result never contains `/`, is never empty for a valid name,
+/// and [`decode_segment`] gives the name back.
+///
+/// ```
+/// use lockcore::name::{decode_segment, encode_segment};
+///
+/// assert_eq!(encode_segment("jobs/nightly"), "jobs%2Fnightly");
+/// assert_eq!(encode_segment(".."), "%2E%2E");
+/// assert_eq!(decode_segment(&encode_segment("ünï/cødé ..")).as_deref(), Some("ünï/cødé .."));
+/// ```
+pub fn encode_segment(name: &str) -> Cow<'_, str> {
+    if name == "." || name == ".." {
+        return Cow::Owned("%2E".repeat(name.len()));
+    }
+    if name.bytes().all(is_plain) {
+        return Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() * 3);
+    for b in name.bytes() {
+        if is_plain(b) {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+    Cow::Owned(out)
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Reverses [`encode_segment`]; `None` when `segment` is not its output.
+pub fn decode_segment(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = segment.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b if is_plain(b) => {
+                out.push(b);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_odd_but_valid_names() {
+        for n in [
+            "a",
+            "a/b",
+            "../x",
+            "%",
+            "with space",
+            "🦀",
+            "'; DROP TABLE x; --",
+            ".",
+        ] {
+            assert!(validate_name("t", n).is_ok(), "{n:?}");
+        }
+        assert!(validate_name("t", &"x".repeat(MAX_NAME_BYTES)).is_ok());
+    }
+
+    #[test]
+    fn refuses_invalid_names() {
+        for n in [
+            String::new(),
+            "x".repeat(MAX_NAME_BYTES + 1),
+            "a\0b".into(),
+            "tab\t".into(),
+            "\u{7f}".into(),
+            "\u{85}".into(),
+        ] {
+            let e = validate_name("t", &n).expect_err("must be refused");
+            assert_eq!(e.kind(), ErrorKind::InvalidName, "{n:?}");
+        }
+    }
+
+    #[test]
+    fn segment_roundtrip() {
+        for n in [
+            "a", "a/b", ".", "..", "...", "%41", "ü", "🦀/..", "a b", "A-_~.z",
+        ] {
+            let enc = encode_segment(n);
+            assert!(!enc.contains('/') && enc != "." && enc != "..", "{enc}");
+            assert_eq!(decode_segment(&enc).as_deref(), Some(n));
+        }
+        assert_eq!(decode_segment("%zz"), None);
+        assert_eq!(decode_segment("a/b"), None);
+    }
+
+    #[test]
+    fn distinct_names_distinct_segments() {
+        assert_ne!(encode_segment("a/b"), encode_segment("a%2Fb"));
+    }
+}

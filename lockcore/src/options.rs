@@ -1,0 +1,142 @@
+//! Lock options: ttl, how long to wait, and whether the watchdog renews.
+
+use std::time::Duration;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The shortest ttl accepted by default.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+/// The longest ttl accepted by default.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// The ttl used when none is given: 30 s, as Redisson's watchdog.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// How long an acquisition may wait for a held name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// One attempt: the lock, or `Ok(None)` at once when it is held.
+    Try,
+    /// Wait up to this long, then fail with [`ErrorKind::Timeout`].
+    For(Duration),
+    /// Wait until acquired or an error.
+    Forever,
+}
+
+/// Options of one acquisition.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockcore::{LockOptions, Wait};
+///
+/// let opts = LockOptions::new()
+///     .ttl(Duration::from_secs(10))
+///     .wait(Wait::For(Duration::from_secs(2)))
+///     .renew(false);
+/// assert_eq!(opts.get_ttl(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOptions {
+    ttl: Duration,
+    wait: Wait,
+    renew: bool,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions::new()
+    }
+}
+
+impl LockOptions {
+    /// ttl [`DEFAULT_TTL`], wait forever, renewal on.
+    pub const fn new() -> Self {
+        LockOptions {
+            ttl: DEFAULT_TTL,
+            wait: Wait::Forever,
+            renew: true,
+        }
+    }
+
+    /// How long the lease lives without renewal (1 s to 24 h).
+    #[must_use]
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a held name.
+    #[must_use]
+    pub const fn wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether the watchdog renews the lease at about ttl/3 (on by default).
+    /// Without renewal the lease ends after its ttl and the guard's lost
+    /// signal fires then.
+    #[must_use]
+    pub const fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// The ttl.
+    pub const fn get_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait.
+    pub const fn get_wait(&self) -> Wait {
+        self.wait
+    }
+
+    /// Whether renewal is on.
+    pub const fn get_renew(&self) -> bool {
+        self.renew
+    }
+
+    /// Checks the ranges; `backend` is named in the error.
+    pub fn validate(&self, backend: &'static str) -> Result<()> {
+        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                backend,
+                format!(
+                    "ttl {:?} is out of range: it must be from {:?} to {:?}",
+                    self.ttl, MIN_TTL, MAX_TTL
+                ),
+            ));
+        }
+        if let Wait::For(d) = self.wait {
+            if d > MAX_TTL * 365 {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    backend,
+                    format!("wait {d:?} is too long: use Wait::Forever"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_range() {
+        assert!(LockOptions::new().validate("t").is_ok());
+        for bad in [
+            Duration::ZERO,
+            Duration::from_millis(999),
+            MAX_TTL + Duration::from_secs(1),
+        ] {
+            let e = LockOptions::new()
+                .ttl(bad)
+                .validate("t")
+                .expect_err("out of range");
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        }
+    }
+}

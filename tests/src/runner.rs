@@ -1,0 +1,205 @@
+//! Turns targets and cases into named trials, with visible skips.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::cases::{cases, Case};
+use crate::{Ctx, Harness};
+
+type MakeFuture = Pin<Box<dyn Future<Output = lockcore::Result<Arc<dyn Harness>>> + Send>>;
+type Make = Box<dyn Fn(String) -> MakeFuture + Send + Sync>;
+
+/// How long one case may run before it counts as hung.
+const CASE_LIMIT: Duration = Duration::from_secs(180);
+/// How long setting up a target may take.
+const SETUP_LIMIT: Duration = Duration::from_secs(60);
+
+/// One backend configuration under test.
+pub struct Target {
+    name: String,
+    env: Option<String>,
+    make: Make,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("env", &self.env)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// A target called `name` (e.g. `"redis-cluster"`) whose server address
+    /// is in the environment variable `env` (`None`: no server needed).
+    /// `make` gets that variable's value (or `""`) and builds the harness.
+    pub fn new<F, Fut>(name: &str, env: Option<&str>, make: F) -> Self
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = lockcore::Result<Arc<dyn Harness>>> + Send + 'static,
+    {
+        Target {
+            name: name.to_owned(),
+            env: env.map(str::to_owned),
+            make: Box::new(move |cfg| Box::pin(make(cfg))),
+        }
+    }
+}
+
+fn required(target: &str) -> bool {
+    std::env::var("LOCKTEST_REQUIRE").is_ok_and(|v| {
+        v.split(',')
+            .map(str::trim)
+            .any(|t| t == "all" || t == target)
+    })
+}
+
+fn namespace() -> String {
+    format!("lct-{:016x}", rand::random::<u64>())
+}
+
+fn failing(name: String, message: String) -> Trial {
+    Trial::test(name, move || Err(Failed::from(message)))
+}
+
+fn ignored(target: &str, case: &Case, why: &str) -> Trial {
+    let why = why.to_owned();
+    Trial::test(format!("{target}::{}", case.name), move || {
+        Err(Failed::from(why))
+    })
+    .with_ignored_flag(true)
+}
+
+/// Runs every case that applies, against every target, as trials named
+/// `<target>::<case>`; returns the process exit code.
+///
+/// Command-line arguments are those of `cargo test` (a filter, `--exact`,
+/// `--ignored`, `--test-threads`, `--list`, ...).
+pub fn run(targets: Vec<Target>) -> ExitCode {
+    let args = Arguments::from_args();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Arc::new(rt),
+        Err(e) => {
+            eprintln!("cannot start a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ns = namespace();
+    let mut trials = Vec::new();
+    for target in targets {
+        trials.extend(target_trials(&rt, &target, &ns, &args));
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+fn target_trials(
+    rt: &Arc<tokio::runtime::Runtime>,
+    target: &Target,
+    ns: &str,
+    args: &Arguments,
+) -> Vec<Trial> {
+    let all = cases();
+    let config = match &target.env {
+        None => String::new(),
+        Some(var) => match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => v,
+            _ => {
+                let why = format!(
+                    "{var} is unset: start the servers with `compose/local up` and `eval \"$(compose/local env)\"` (see compose/README.md)"
+                );
+                if required(&target.name) {
+                    return vec![failing(
+                        format!("{}::available", target.name),
+                        format!(
+                            "backend {} is required by LOCKTEST_REQUIRE but {why}",
+                            target.name
+                        ),
+                    )];
+                }
+                if !args.list {
+                    eprintln!("SKIPPED {}: {why}", target.name);
+                }
+                return all.iter().map(|c| ignored(&target.name, c, &why)).collect();
+            }
+        },
+    };
+    if args.list {
+        // Listing needs no server.
+        return all
+            .iter()
+            .map(|c| Trial::test(format!("{}::{}", target.name, c.name), || Ok(())))
+            .collect();
+    }
+    let made = rt
+        .block_on(async { tokio::time::timeout(SETUP_LIMIT, (target.make)(config.clone())).await });
+    let var = target.env.as_deref().unwrap_or("(none)");
+    let harness = match made {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            return vec![failing(
+                format!("{}::available", target.name),
+                format!("backend {} ({var}={config}) could not be set up: {e}. Is the server up? See compose/README.md", target.name),
+            )]
+        }
+        Err(_) => {
+            return vec![failing(
+                format!("{}::available", target.name),
+                format!("backend {} ({var}={config}) did not answer within {SETUP_LIMIT:?}. Is the server up? See compose/README.md", target.name),
+            )]
+        }
+    };
+    let caps = match rt.block_on(harness.connect()) {
+        Ok(l) => l.capabilities(),
+        Err(e) => {
+            return vec![failing(
+                format!("{}::available", target.name),
+                format!("backend {} ({var}={config}): a client could not connect: {e}. Is the server up? See compose/README.md", target.name),
+            )]
+        }
+    };
+    let ctx = Ctx {
+        harness,
+        caps,
+        namespace: format!("{ns}/{}", target.name),
+    };
+    all.into_iter()
+        .map(|case| {
+            if let Some(why) = (case.skip_unless)(&ctx) {
+                return ignored(&target.name, &case, why);
+            }
+            let rt = rt.clone();
+            let ctx = ctx.clone();
+            let run = case.run;
+            Trial::test(format!("{}::{}", target.name, case.name), move || {
+                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    rt.block_on(async { tokio::time::timeout(CASE_LIMIT, run(ctx)).await })
+                }));
+                match outcome {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(_)) => Err(Failed::from(format!(
+                        "the case did not finish within {CASE_LIMIT:?}"
+                    ))),
+                    Err(panic) => {
+                        let msg = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                            .unwrap_or_else(|| "the case panicked".to_owned());
+                        Err(Failed::from(msg))
+                    }
+                }
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,33 @@
+//! The conformance suite against the in-memory backend.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use lockcore::memory::MemoryBackend;
+use lockcore::Locker;
+use lockcore_conformance::{run, Harness, Target};
+
+/// Every client is a `Locker` over one shared in-process server.
+#[derive(Debug)]
+struct Memory(MemoryBackend);
+
+#[async_trait]
+impl Harness for Memory {
+    async fn connect(&self) -> lockcore::Result<Locker> {
+        Ok(Locker::new(self.0.clone()))
+    }
+
+    fn can_revoke(&self) -> bool {
+        true
+    }
+
+    async fn revoke(&self, name: &str) -> lockcore::Result<bool> {
+        Ok(self.0.revoke(name))
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    run(vec![Target::new("memory", None, |_| async {
+        Ok(Arc::new(Memory(MemoryBackend::new())) as Arc<dyn Harness>)
+    })])
+}
