@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::RngExt;
 
 /// Exponential backoff with full jitter: the `n`th delay is drawn uniformly
 /// from `[min, min(max, min · 2ⁿ)]`.
