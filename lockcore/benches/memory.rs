@@ -38,7 +38,10 @@ fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name (which is in parentheses).
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here
     // (state is not numeric and is skipped).
     let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);

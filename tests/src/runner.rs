@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
-use crate::cases::{cases, Case};
+use crate::cases::{cases, Case, CaseFn};
 use crate::{Ctx, Harness};
 
 type MakeFuture = Pin<Box<dyn Future<Output = lockcore::Result<Arc<dyn Harness>>> + Send>>;
@@ -25,6 +25,8 @@ pub struct Target {
     name: String,
     env: Option<String>,
     make: Make,
+    extra: Vec<Case>,
+    shared: bool,
 }
 
 impl std::fmt::Debug for Target {
@@ -49,7 +51,29 @@ impl Target {
             name: name.to_owned(),
             env: env.map(str::to_owned),
             make: Box::new(move |cfg| Box::pin(make(cfg))),
+            extra: Vec::new(),
+            shared: true,
         }
+    }
+
+    /// Runs only the cases added with [`case`](Target::case), not the shared
+    /// suite (for a separate fault-injection binary).
+    #[must_use]
+    pub fn only_own_cases(mut self) -> Self {
+        self.shared = false;
+        self
+    }
+
+    /// Adds a case specific to this target (fault injection, interop), run
+    /// and skipped like the shared ones.
+    #[must_use]
+    pub fn case(mut self, name: &'static str, run: CaseFn) -> Self {
+        self.extra.push(Case {
+            name,
+            run,
+            skip_unless: |_| None,
+        });
+        self
     }
 }
 
@@ -83,7 +107,18 @@ fn ignored(target: &str, case: &Case, why: &str) -> Trial {
 /// Command-line arguments are those of `cargo test` (a filter, `--exact`,
 /// `--ignored`, `--test-threads`, `--list`, ...).
 pub fn run(targets: Vec<Target>) -> ExitCode {
-    let args = Arguments::from_args();
+    run_with(Arguments::from_args(), targets)
+}
+
+/// Like [`run`], one trial at a time (for cases that stop and start the
+/// servers other cases use).
+pub fn run_serial(targets: Vec<Target>) -> ExitCode {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    run_with(args, targets)
+}
+
+fn run_with(args: Arguments, targets: Vec<Target>) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -109,7 +144,8 @@ fn target_trials(
     ns: &str,
     args: &Arguments,
 ) -> Vec<Trial> {
-    let all = cases();
+    let mut all = if target.shared { cases() } else { Vec::new() };
+    all.extend(target.extra.iter().copied());
     let config = match &target.env {
         None => String::new(),
         Some(var) => match std::env::var(var) {

@@ -1,0 +1,322 @@
+//! Connection settings, parsed from a URL.
+//!
+//! | form | topology |
+//! |---|---|
+//! | `redis://[user[:password]@]host[:port][/db][?options]` | one instance |
+//! | `redis+cluster://[user[:password]@]h1:p1,h2:p2[?options]` | Redis Cluster (seed nodes) |
+//! | `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[?options]` | RedLock over independent masters |
+//!
+//! Options: `prefix` (key prefix, default `lock:`), `response_timeout_ms`
+//! (default 500), `connect_timeout_ms` (default 1000), and for one instance
+//! `sync_replicas=N` with `sync_timeout_ms` (default 100): after each acquire,
+//! `WAIT N` for replicas to confirm, else release and fail.
+
+use std::fmt;
+use std::time::Duration;
+
+use lockcore::{Error, Result};
+
+pub(crate) const NAME: &str = "redis";
+
+/// One server's address and credentials. `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Host name or address.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+    /// ACL user name.
+    pub user: Option<String>,
+    /// Password.
+    pub password: Option<String>,
+    /// Database number (one instance only).
+    pub db: i64,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)?;
+        if self.user.is_some() || self.password.is_some() {
+            f.write_str(" (with credentials)")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+impl Node {
+    /// The node as a `redis://` URL for the client library.
+    pub(crate) fn client_url(&self) -> String {
+        let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        let auth = match (&self.user, &self.password) {
+            (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p)),
+            (Some(u), None) => format!("{}@", enc(u)),
+            (None, Some(p)) => format!(":{}@", enc(p)),
+            (None, None) => String::new(),
+        };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("redis://{auth}{host}:{}/{}", self.port, self.db)
+    }
+}
+
+/// How the backend reaches Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One instance (or a master with replicas, reached through the master).
+    Single(Node),
+    /// A Redis Cluster, by its seed nodes.
+    Cluster(Vec<Node>),
+    /// RedLock over independent masters.
+    RedLock(Vec<Node>),
+}
+
+/// Replica-sync guard: after an acquire, `WAIT count timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReplicas {
+    /// How many replicas must confirm the write.
+    pub count: u32,
+    /// How long to wait for them.
+    pub timeout: Duration,
+}
+
+/// Settings of a Redis backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// The servers.
+    pub topology: Topology,
+    /// Prefix of every key (default `lock:`).
+    pub prefix: String,
+    /// How long to wait for a reply (default 500 ms: well below the 1 s
+    /// minimum ttl).
+    pub response_timeout: Duration,
+    /// How long to wait for a connection (default 1 s).
+    pub connect_timeout: Duration,
+    /// Replica-sync guard (one instance only).
+    pub sync_replicas: Option<SyncReplicas>,
+}
+
+impl RedisConfig {
+    /// Settings with defaults for `topology`.
+    pub fn new(topology: Topology) -> Self {
+        RedisConfig {
+            topology,
+            prefix: "lock:".to_owned(),
+            response_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(1),
+            sync_replicas: None,
+        }
+    }
+
+    /// Parses a URL (see the module docs). Errors are
+    /// [`InvalidConfig`](lockcore::ErrorKind::InvalidConfig) and name the part
+    /// that is wrong.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |what: String| {
+            Error::invalid_config(NAME, format!("in Redis URL {}: {what}", redact(url)))
+        };
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            bad("missing scheme (expected redis://, redis+cluster:// or redlock://)".into())
+        })?;
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (path, query) = match tail.split_once('?') {
+            Some((p, q)) => (p, q),
+            None => (tail, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(u) => {
+                let (user, pass) = match u.split_once(':') {
+                    Some((a, b)) => (a, Some(b)),
+                    None => (u, None),
+                };
+                let dec = |s: &str| -> Result<String> {
+                    url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                        .next()
+                        .map(|(_, v)| v.into_owned())
+                        .ok_or_else(|| bad("credentials are not percent-encoded correctly".into()))
+                };
+                (
+                    (!user.is_empty()).then(|| dec(user)).transpose()?,
+                    pass.map(dec).transpose()?,
+                )
+            }
+        };
+        let db = match path.trim_matches('/') {
+            "" => 0,
+            d => d
+                .parse::<i64>()
+                .map_err(|_| bad(format!("database {d:?} is not a number")))?,
+        };
+        let mut nodes = Vec::new();
+        for h in hosts.split(',') {
+            let (host, port) = split_host_port(h).map_err(&bad)?;
+            nodes.push(Node {
+                host,
+                port,
+                user: user.clone(),
+                password: password.clone(),
+                db,
+            });
+        }
+        let topology = match scheme {
+            "redis" if nodes.len() == 1 => Topology::Single(nodes.remove(0)),
+            "redis" => {
+                return Err(bad(
+                    "redis:// takes one host; use redis+cluster:// or redlock:// for several"
+                        .into(),
+                ))
+            }
+            "rediss" | "rediss+cluster" => return Err(bad(
+                "TLS (rediss://) is not supported by this build; use redis:// through a TLS tunnel"
+                    .into(),
+            )),
+            "redis+cluster" => Topology::Cluster(nodes),
+            "redlock" if nodes.len() >= 3 && nodes.len() % 2 == 1 => Topology::RedLock(nodes),
+            "redlock" => {
+                return Err(bad(format!(
+                    "RedLock needs an odd number of at least 3 independent masters, got {}",
+                    nodes.len()
+                )))
+            }
+            other => {
+                return Err(bad(format!(
+                    "unknown scheme {other:?} (expected redis://, redis+cluster:// or redlock://)"
+                )))
+            }
+        };
+        let mut cfg = RedisConfig::new(topology);
+        let mut sync_count = None;
+        let mut sync_timeout = Duration::from_millis(100);
+        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+            let ms = || -> Result<Duration> {
+                v.parse::<u64>()
+                    .map(Duration::from_millis)
+                    .map_err(|_| bad(format!("option {k}={v:?} is not a number of milliseconds")))
+            };
+            match &*k {
+                "prefix" => cfg.prefix = v.into_owned(),
+                "response_timeout_ms" => cfg.response_timeout = ms()?,
+                "connect_timeout_ms" => cfg.connect_timeout = ms()?,
+                "sync_timeout_ms" => sync_timeout = ms()?,
+                "sync_replicas" => {
+                    sync_count =
+                        Some(v.parse::<u32>().map_err(|_| {
+                            bad(format!("option sync_replicas={v:?} is not a count"))
+                        })?)
+                }
+                other => return Err(bad(format!("unknown option {other:?}"))),
+            }
+        }
+        if cfg.response_timeout.is_zero() || cfg.connect_timeout.is_zero() {
+            return Err(bad("timeouts must be above zero".into()));
+        }
+        if let Some(count) = sync_count {
+            if !matches!(cfg.topology, Topology::Single(_)) {
+                return Err(bad(
+                    "sync_replicas applies to one instance (redis://) only".into()
+                ));
+            }
+            cfg.sync_replicas = Some(SyncReplicas {
+                count,
+                timeout: sync_timeout,
+            });
+        }
+        Ok(cfg)
+    }
+}
+
+fn split_host_port(h: &str) -> std::result::Result<(String, u16), String> {
+    if h.is_empty() {
+        return Err("a host is empty".into());
+    }
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or(format!("host {h:?} has an unclosed '['"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (h, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("host {h:?} has no name"));
+    }
+    let port = match port {
+        None => 6379,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
+    };
+    Ok((host.to_owned(), port))
+}
+
+/// The URL with any password replaced, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_forms() {
+        let c = RedisConfig::parse(
+            "redis://u:p%40ss@127.0.0.1:7000/2?prefix=x:&response_timeout_ms=200",
+        )
+        .unwrap();
+        let Topology::Single(n) = &c.topology else {
+            panic!()
+        };
+        assert_eq!((n.host.as_str(), n.port, n.db), ("127.0.0.1", 7000, 2));
+        assert_eq!(n.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.prefix, "x:");
+        assert_eq!(c.response_timeout, Duration::from_millis(200));
+        assert!(!format!("{c:?}").contains("p@ss"));
+        let c = RedisConfig::parse("redis+cluster://a:1,b:2,c").unwrap();
+        assert!(matches!(&c.topology, Topology::Cluster(v) if v.len() == 3 && v[2].port == 6379));
+        let c = RedisConfig::parse("redlock://a:1,b:2,c:3,d:4,e:5").unwrap();
+        assert!(matches!(&c.topology, Topology::RedLock(v) if v.len() == 5));
+    }
+
+    #[test]
+    fn names_the_wrong_part() {
+        for (url, needle) in [
+            ("redis://h:notaport", "port \"notaport\""),
+            ("redis://h/x", "database \"x\""),
+            ("redis://h?bogus=1", "unknown option \"bogus\""),
+            ("redlock://a,b", "odd number"),
+            ("redis://a,b", "one host"),
+            ("memcached://h", "unknown scheme"),
+            ("redis://:secret@h:1?response_timeout_ms=x", "milliseconds"),
+            ("rediss://h", "TLS"),
+        ] {
+            let e = RedisConfig::parse(url).unwrap_err();
+            assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);
+            assert!(e.to_string().contains(needle), "{url}: {e}");
+            assert!(!e.to_string().contains("secret"));
+        }
+    }
+}

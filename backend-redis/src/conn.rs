@@ -1,0 +1,211 @@
+//! Connections (one instance through the connection manager, or a cluster),
+//! the Lua scripts, key names, and error mapping.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use lockcore::{Error, ErrorKind, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, RedisError, Script};
+
+use crate::config::{Node, RedisConfig, NAME};
+
+/// `SET lock token NX PX ttl`, and on success `INCR` of the fencing counter
+/// in the same slot. Returns `{1, fence}` or `{0, pttl of the holder}`.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}",
+    )
+});
+
+/// `SET lock token NX PX ttl` alone (RedLock: no counter). `{1, 0}` or `{0, pttl}`.
+pub(crate) static ACQUIRE_PLAIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}",
+    )
+});
+
+/// `PEXPIRE` only if the key still holds this owner's token. 1 or 0.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0",
+    )
+});
+
+/// Compare-and-delete, then a wake-up on the release channel. 1 or 0.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
+end
+return 0",
+    )
+});
+
+/// Holder token, its pttl, and the last fencing token issued.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}",
+    )
+});
+
+/// The Redis keys of one lock name.
+///
+/// A name maps to `<prefix>{<name>}` (the lock key, holding the owner token
+/// as a plain string with a PX expiry), `<prefix>{<name>}:fence` (the fencing
+/// counter) and the pub/sub channel `<prefix>{<name>}:released`. The braces
+/// are a hash tag: both keys live in one cluster slot whatever the name.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let lock = format!("{prefix}{{{name}}}");
+        Keys {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+/// A connection to one instance or to a cluster; cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Single(_) => "Conn::Single",
+            Conn::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl Conn {
+    /// Runs `script` (EVALSHA, loading it on NOSCRIPT).
+    pub(crate) async fn script<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> redis::RedisResult<T> {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        for a in args {
+            inv.arg(*a);
+        }
+        match self {
+            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs a command.
+    pub(crate) async fn cmd<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+}
+
+/// Connects to one instance through the connection manager (which
+/// reconnects), with the configured timeouts.
+pub(crate) async fn connect_single(node: &Node, cfg: &RedisConfig) -> Result<ConnectionManager> {
+    let client = redis::Client::open(node.client_url()).map_err(|e| {
+        Error::invalid_config(NAME, format!("Redis address {node}: {e}")).with_source(e)
+    })?;
+    let mcfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(cfg.connect_timeout))
+        .set_response_timeout(Some(cfg.response_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(500));
+    let fut = ConnectionManager::new_with_config(client, mcfg);
+    match tokio::time::timeout(cfg.connect_timeout * 3, fut).await {
+        Ok(r) => r.map_err(|e| map_err(e, "connect", &node.to_string(), false)),
+        Err(_) => Err(Error::unavailable(
+            NAME,
+            format!(
+                "connect to {node}: no answer within {:?}",
+                cfg.connect_timeout * 3
+            ),
+        )),
+    }
+}
+
+/// Connects to a cluster by its seed nodes.
+pub(crate) async fn connect_cluster(
+    nodes: &[Node],
+    cfg: &RedisConfig,
+) -> Result<ClusterConnection> {
+    let seeds: Vec<String> = nodes.iter().map(Node::client_url).collect();
+    let shown = nodes
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let client = redis::cluster::ClusterClient::builder(seeds)
+        .connection_timeout(cfg.connect_timeout)
+        .response_timeout(cfg.response_timeout)
+        .retries(2)
+        .build()
+        .map_err(|e| {
+            Error::invalid_config(NAME, format!("Redis Cluster seeds {shown}: {e}")).with_source(e)
+        })?;
+    match tokio::time::timeout(cfg.connect_timeout * 3, client.get_async_connection()).await {
+        Ok(r) => r.map_err(|e| map_err(e, "connect to cluster", &shown, false)),
+        Err(_) => Err(Error::unavailable(
+            NAME,
+            format!("connect to cluster {shown}: no answer"),
+        )),
+    }
+}
+
+/// Maps a client error. `mutating`: the request may have changed server
+/// state, so a cut-off request is `Indeterminate` rather than `Unavailable`.
+pub(crate) fn map_err(e: RedisError, what: &str, server: &str, mutating: bool) -> Error {
+    let kind = if e.is_connection_refusal() {
+        ErrorKind::Unavailable
+    } else if e.is_timeout() || e.is_connection_dropped() || e.is_io_error() {
+        if mutating {
+            ErrorKind::Indeterminate
+        } else {
+            ErrorKind::Unavailable
+        }
+    } else {
+        ErrorKind::Backend
+    };
+    Error::new(kind, NAME, format!("{what} on {server}: {e}")).with_source(e)
+}
+
+/// ttl in whole milliseconds, as a string argument.
+pub(crate) fn ttl_ms(ttl: Duration) -> String {
+    ttl.as_millis().to_string()
+}
+
+/// The clock-drift allowance of a lease: ttl·1% + 2 ms.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}

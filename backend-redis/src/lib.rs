@@ -1,0 +1,75 @@
+//! Redis backend for [`lockcore`]: one instance, a Redis Cluster, or RedLock
+//! over independent masters.
+//!
+//! **Keys.** A lock name `N` maps to the key `<prefix>{N}` (prefix `lock:` by
+//! default, set with `?prefix=`), which holds the owner token (32 hex digits)
+//! as a plain string with a PX expiry, exactly as the common recipe (`SET key
+//! token NX PX ttl`, compare-and-delete on release, as redis-py's `Lock`
+//! does). So another client using that recipe on `lock:{N}` excludes and is
+//! excluded. Beside it live `<prefix>{N}:fence`, the fencing counter
+//! (`INCR`ed in the same script as the `SET`; it is kept, so tokens never
+//! repeat while the server keeps its data), and the pub/sub channel
+//! `<prefix>{N}:released` on which a release wakes waiters. The braces are a
+//! hash tag: a lock's keys share one cluster slot whatever the name.
+//!
+//! **Promises.** One instance or a cluster: strict fencing while the server
+//! keeps its data ([`Fencing::StrictWhileDataKept`](lockcore::Fencing)): a
+//! failover to a lagging replica, or a restart without persistence, can lose
+//! the lock and the counter. The optional replica-sync guard
+//! (`?sync_replicas=N`) makes an acquire fail, and release, unless `N`
+//! replicas confirm it (`WAIT`), as Redisson's `checkLockSyncedSlaves`.
+//! RedLock: no fencing (see [`RedLockBackend`]). Waiters are woken by pub/sub
+//! (not fair: whoever retries first wins), with a bounded poll as fallback.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! let locker = lockcore_redis::connect("redis://127.0.0.1:6379").await?;
+//! let guard = locker.lock("jobs/nightly").await?; // key "lock:{jobs/nightly}"
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+mod conn;
+mod redlock;
+mod single;
+mod wake;
+
+pub use config::{Node, RedisConfig, SyncReplicas, Topology};
+pub use redlock::RedLockBackend;
+pub use single::RedisBackend;
+
+use lockcore::Locker;
+
+/// Connects to the Redis topology that `url` describes (see [`config`]) and
+/// returns a [`Locker`] over it.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it creates no lock state.
+pub async fn connect(url: &str) -> lockcore::Result<Locker> {
+    let cfg = RedisConfig::parse(url)?;
+    connect_config(cfg).await
+}
+
+/// Like [`connect`], from parsed settings.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it creates no lock state.
+pub async fn connect_config(cfg: RedisConfig) -> lockcore::Result<Locker> {
+    Ok(match cfg.topology {
+        Topology::RedLock(_) => Locker::new(RedLockBackend::connect(cfg).await?),
+        _ => Locker::new(RedisBackend::connect(cfg).await?),
+    })
+}
+
+/// The Redis key that holds the owner token of lock `name` under `prefix`.
+///
+/// ```
+/// assert_eq!(lockcore_redis::lock_key("lock:", "jobs/nightly"), "lock:{jobs/nightly}");
+/// ```
+pub fn lock_key(prefix: &str, name: &str) -> String {
+    conn::Keys::new(prefix, name).lock
+}

@@ -1,0 +1,299 @@
+//! RedLock over N independent masters.
+//!
+//! Acquire sends `SET NX PX` to every instance in parallel, each bounded by a
+//! per-instance timeout much smaller than the ttl, and succeeds only when a
+//! majority (N/2+1) granted it, with validity = ttl − elapsed − drift
+//! (drift = ttl·1% + 2 ms). A failed attempt is undone on every instance,
+//! also those that errored or timed out, then retried after a random delay
+//! or a release wake-up. A renewal counts only when a majority renewed.
+//!
+//! **No fencing.** The instances are independent: no counter rises
+//! monotonically across them, and a token from one instance's counter can go
+//! backwards when another majority grants the next lease. The capability is
+//! [`Fencing::None`] and guards carry no token. Where fencing matters, use one
+//! instance or a cluster (fencing while data is kept), ZooKeeper or etcd.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use lockcore::cleanup::CleanupOnDrop;
+use lockcore::retry::jitter_between;
+use lockcore::{
+    AcquireRequest, Backend, BackendLease, Capabilities, Error, Fencing, Grant, LeaseKind,
+    Released, Renewal, Result,
+};
+use redis::aio::ConnectionManager;
+use tokio::sync::Mutex;
+
+use crate::config::{Node, RedisConfig, Topology, NAME};
+use crate::conn::{connect_single, drift, ttl_ms, Conn, Keys, ACQUIRE_PLAIN, RELEASE, RENEW};
+use crate::single::wait_turn;
+use crate::wake::{Subscription, Wakeups};
+
+/// One master, connected on first use (and again after a failed connect).
+#[derive(Debug)]
+struct Instance {
+    node: Node,
+    conn: Mutex<Option<ConnectionManager>>,
+    wake: Wakeups,
+}
+
+impl Instance {
+    async fn conn(&self, cfg: &RedisConfig) -> Result<Conn> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(Conn::Single(c.clone()));
+        }
+        let c = connect_single(&self.node, cfg).await?;
+        *slot = Some(c.clone());
+        Ok(Conn::Single(c))
+    }
+}
+
+/// Locks by RedLock over independent Redis masters.
+#[derive(Debug)]
+pub struct RedLockBackend {
+    instances: std::sync::Arc<Vec<Instance>>,
+    cfg: RedisConfig,
+}
+
+impl RedLockBackend {
+    /// Sets up the instances of a `redlock://` configuration. Connections
+    /// are made on first use, so instances that are down now can join later.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it creates no lock state.
+    pub async fn connect(cfg: RedisConfig) -> Result<Self> {
+        let Topology::RedLock(nodes) = &cfg.topology else {
+            return Err(Error::invalid_config(
+                NAME,
+                "RedLockBackend needs a redlock:// topology",
+            ));
+        };
+        let mut instances = Vec::new();
+        for node in nodes {
+            let client = redis::Client::open(node.client_url()).map_err(|e| {
+                Error::invalid_config(NAME, format!("Redis address {node}: {e}")).with_source(e)
+            })?;
+            instances.push(Instance {
+                node: node.clone(),
+                conn: Mutex::new(None),
+                wake: Wakeups::new(client, cfg.response_timeout),
+            });
+        }
+        Ok(RedLockBackend {
+            instances: std::sync::Arc::new(instances),
+            cfg,
+        })
+    }
+
+    fn quorum(&self) -> usize {
+        self.instances.len() / 2 + 1
+    }
+
+    /// The per-instance timeout: a tenth of the ttl, at most the response timeout.
+    fn instance_timeout(&self, ttl: Duration) -> Duration {
+        (ttl / 10)
+            .min(self.cfg.response_timeout)
+            .max(Duration::from_millis(5))
+    }
+}
+
+/// Runs `script` on every instance in parallel, each within `limit`.
+/// `Some(reply)` per instance that answered.
+async fn on_all(
+    instances: &[Instance],
+    cfg: &RedisConfig,
+    limit: Duration,
+    script: &redis::Script,
+    key: &str,
+    args: &[&str],
+) -> Vec<Option<(i64, i64)>> {
+    join_all(instances.iter().map(|i| async move {
+        let call = async {
+            let conn = i.conn(cfg).await.ok()?;
+            let r: redis::RedisResult<redis::Value> = conn.script(script, &[key], args).await;
+            match r.ok()? {
+                redis::Value::Int(n) => Some((n, 0)),
+                v => redis::from_redis_value::<(i64, i64)>(v).ok(),
+            }
+        };
+        tokio::time::timeout(limit, call).await.ok().flatten()
+    }))
+    .await
+}
+
+async fn release_all(
+    instances: std::sync::Arc<Vec<Instance>>,
+    cfg: RedisConfig,
+    keys: Keys,
+    token: String,
+) -> usize {
+    let limit = cfg.response_timeout;
+    on_all(
+        &instances,
+        &cfg,
+        limit,
+        &RELEASE,
+        &keys.lock,
+        &[&token, &keys.channel],
+    )
+    .await
+    .iter()
+    .filter(|r| matches!(r, Some((1, _))))
+    .count()
+}
+
+#[async_trait]
+impl Backend for RedLockBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Fencing::None, LeaseKind::Ttl).push_wakeup(true)
+    }
+
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+        let keys = Keys::new(&self.cfg.prefix, req.name);
+        let token = req.owner.to_string();
+        let ttl = ttl_ms(req.ttl);
+        let limit = self.instance_timeout(req.ttl);
+        let mut subs: Vec<Subscription> = Vec::new();
+        loop {
+            let started = Instant::now();
+            let undo = (
+                self.instances.clone(),
+                self.cfg.clone(),
+                keys.clone(),
+                token.clone(),
+            );
+            let cleanup = CleanupOnDrop::new(
+                "release a cut-off RedLock attempt on every instance",
+                async move {
+                    release_all(undo.0, undo.1, undo.2, undo.3).await;
+                },
+            );
+            let replies = on_all(
+                &self.instances,
+                &self.cfg,
+                limit,
+                &ACQUIRE_PLAIN,
+                &keys.lock,
+                &[&token, &ttl],
+            )
+            .await;
+            let granted = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
+            let answered = replies.iter().filter(|r| r.is_some()).count();
+            let valid_until = started + req.ttl - drift(req.ttl);
+            if granted >= self.quorum() && Instant::now() < valid_until {
+                cleanup.disarm();
+                return Ok(Some(Grant {
+                    lease: Box::new(RedLockLease {
+                        instances: self.instances.clone(),
+                        cfg: self.cfg.clone(),
+                        keys,
+                        token,
+                        quorum: self.quorum(),
+                        limit,
+                    }),
+                    fence: None,
+                    valid_until,
+                }));
+            }
+            // Undo the partial grant everywhere before deciding anything.
+            cleanup.run_now().await;
+            if answered < self.quorum() {
+                return Err(Error::unavailable(
+                    NAME,
+                    format!(
+                        "RedLock: only {answered} of {} instances answered within {limit:?} (a majority of {} is needed)",
+                        self.instances.len(),
+                        self.quorum()
+                    ),
+                )
+                .with_name(req.name));
+            }
+            if req.deadline.passed(Instant::now()) {
+                return Ok(None);
+            }
+            if subs.is_empty() {
+                for i in self.instances.iter() {
+                    subs.push(i.wake.subscribe(&keys.channel).await);
+                }
+                continue;
+            }
+            // The holder's remaining ttl, as the instances that answered see it.
+            let pttl = replies
+                .iter()
+                .flatten()
+                .map(|(_, p)| *p)
+                .max()
+                .unwrap_or(-1);
+            // A random delay keeps contending clients from colliding again.
+            let jitter = jitter_between(Duration::ZERO, Duration::from_millis(20));
+            tokio::time::sleep(jitter).await;
+            wait_turn(&mut subs, pttl, req.deadline).await;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RedLockLease {
+    instances: std::sync::Arc<Vec<Instance>>,
+    cfg: RedisConfig,
+    keys: Keys,
+    token: String,
+    quorum: usize,
+    limit: Duration,
+}
+
+#[async_trait]
+impl BackendLease for RedLockLease {
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        let sent = Instant::now();
+        let replies = on_all(
+            &self.instances,
+            &self.cfg,
+            self.limit,
+            &RENEW,
+            &self.keys.lock,
+            &[&self.token, &ttl_ms(ttl)],
+        )
+        .await;
+        let renewed = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
+        let refused = replies.iter().filter(|r| matches!(r, Some((0, _)))).count();
+        let valid_until = sent + ttl - drift(ttl);
+        if renewed >= self.quorum && Instant::now() < valid_until {
+            return Ok(Renewal::Renewed { valid_until });
+        }
+        if refused > self.instances.len() - self.quorum {
+            return Ok(Renewal::Lost);
+        }
+        Err(Error::unavailable(
+            NAME,
+            format!(
+                "RedLock renewal: {renewed} of {} instances renewed, {} needed",
+                self.instances.len(),
+                self.quorum
+            ),
+        ))
+    }
+
+    async fn release(&self) -> Result<Released> {
+        let released = release_all(
+            self.instances.clone(),
+            self.cfg.clone(),
+            self.keys.clone(),
+            self.token.clone(),
+        )
+        .await;
+        Ok(if released >= 1 {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+}

@@ -1,0 +1,287 @@
+//! One instance or a Redis Cluster: `SET NX PX` + `INCR` fencing in one
+//! script, owner-checked renew and release, pub/sub wake-ups.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lockcore::cleanup::CleanupOnDrop;
+use lockcore::{
+    AcquireRequest, Backend, BackendLease, Capabilities, Deadline, Error, ErrorKind, Fencing,
+    Grant, HolderInfo, LeaseKind, LockInfo, Released, Renewal, Result,
+};
+
+use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
+use crate::conn::{self, drift, map_err, ttl_ms, Conn, Keys, ACQUIRE, INSPECT, RELEASE, RENEW};
+use crate::wake::{Subscription, Wakeups};
+
+/// The longest a waiter sleeps between attempts when no wake-up comes (a
+/// bounded fallback for a lost pub/sub connection).
+pub(crate) const FALLBACK_POLL: Duration = Duration::from_secs(2);
+
+/// Locks on one Redis instance or a Redis Cluster.
+///
+/// See the [crate docs](crate) for the keys a name maps to.
+#[derive(Debug)]
+pub struct RedisBackend {
+    conn: Conn,
+    wake: Wakeups,
+    cfg: RedisConfig,
+    server: String,
+}
+
+impl RedisBackend {
+    /// Connects to the instance or cluster of `cfg` (not RedLock: see
+    /// [`RedLockBackend`](crate::RedLockBackend)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it creates no lock state.
+    pub async fn connect(cfg: RedisConfig) -> Result<Self> {
+        let (conn, wake_node, server) = match &cfg.topology {
+            Topology::Single(node) => (
+                Conn::Single(conn::connect_single(node, &cfg).await?),
+                node.clone(),
+                node.to_string(),
+            ),
+            Topology::Cluster(nodes) => {
+                let first = nodes.first().ok_or_else(|| {
+                    Error::invalid_config(NAME, "a cluster needs at least one seed node")
+                })?;
+                let shown = nodes
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                (
+                    Conn::Cluster(conn::connect_cluster(nodes, &cfg).await?),
+                    first.clone(),
+                    shown,
+                )
+            }
+            Topology::RedLock(_) => {
+                return Err(Error::invalid_config(
+                    NAME,
+                    "RedLock topologies connect through RedLockBackend",
+                ))
+            }
+        };
+        // Classic PUBLISH reaches every node of a cluster, so one node's
+        // pub/sub connection hears every release.
+        let client = redis::Client::open(wake_node.client_url()).map_err(|e| {
+            Error::invalid_config(NAME, format!("Redis address {wake_node}: {e}")).with_source(e)
+        })?;
+        Ok(RedisBackend {
+            wake: Wakeups::new(client, cfg.response_timeout),
+            conn,
+            cfg,
+            server,
+        })
+    }
+
+    fn err(&self, e: redis::RedisError, what: &str, name: &str, mutating: bool) -> Error {
+        map_err(e, what, &self.server, mutating).with_name(name)
+    }
+
+    /// `WAIT count timeout` after an acquire: how many replicas confirmed.
+    async fn sync_replicas(&self, sync: SyncReplicas, name: &str) -> Result<()> {
+        let timeout_ms = u64::try_from(sync.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(sync.count).arg(timeout_ms);
+        let fut = self.conn.cmd::<u32>(&cmd);
+        let acked = tokio::time::timeout(sync.timeout + self.cfg.response_timeout, fut)
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    NAME,
+                    format!("WAIT for replicas on {} did not answer", self.server),
+                )
+            })?
+            .map_err(|e| self.err(e, "WAIT for replicas", name, false))?;
+        if acked < sync.count {
+            return Err(Error::unavailable(
+                NAME,
+                format!(
+                    "only {acked} of {} replicas confirmed the lock within {:?} on {}; the lock was released",
+                    sync.count, sync.timeout, self.server
+                ),
+            )
+            .with_name(name));
+        }
+        Ok(())
+    }
+}
+
+/// Waits for a wake-up, the holder's expiry, the fallback poll or the
+/// deadline, whichever comes first.
+pub(crate) async fn wait_turn(subs: &mut [Subscription], holder_pttl: i64, deadline: Deadline) {
+    let nap = match u64::try_from(holder_pttl) {
+        Ok(ms) => Duration::from_millis(ms + 1).min(FALLBACK_POLL),
+        Err(_) if holder_pttl == -2 => Duration::ZERO, // gone meanwhile
+        Err(_) => FALLBACK_POLL,                       // no expiry, or unknown
+    };
+    let nap = if subs.iter().any(|s| s.live) {
+        nap
+    } else {
+        nap.min(Duration::from_millis(100))
+    };
+    let mut until = Instant::now() + nap;
+    if let Some(d) = deadline.instant() {
+        until = until.min(d);
+    }
+    if subs.is_empty() {
+        tokio::time::sleep_until(until.into()).await;
+        return;
+    }
+    let woken = futures_util::future::select_all(subs.iter_mut().map(|s| Box::pin(s.changed())));
+    tokio::select! {
+        _ = woken => {}
+        () = tokio::time::sleep_until(until.into()) => {}
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(Fencing::StrictWhileDataKept, LeaseKind::Ttl)
+            .push_wakeup(true)
+            .inspect(true)
+    }
+
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+        let keys = Keys::new(&self.cfg.prefix, req.name);
+        let token = req.owner.to_string();
+        let ttl = ttl_ms(req.ttl);
+        let mut subs: Vec<Subscription> = Vec::new();
+        loop {
+            let sent = Instant::now();
+            // Armed before sending: a dropped or cut-off attempt is undone
+            // by compare-and-delete with this owner's token.
+            let cleanup = CleanupOnDrop::new(
+                "compare-and-delete a cut-off acquire",
+                release(self.conn.clone(), keys.clone(), token.clone()),
+            );
+            let r: redis::RedisResult<(i64, i64)> = self
+                .conn
+                .script(&ACQUIRE, &[&keys.lock, &keys.fence], &[&token, &ttl])
+                .await;
+            let (won, value) = match r {
+                Ok(v) => v,
+                Err(e) => {
+                    let err = self.err(e, "acquire (SET NX PX)", req.name, true);
+                    if err.kind() != ErrorKind::Indeterminate {
+                        cleanup.disarm();
+                    }
+                    return Err(err);
+                }
+            };
+            if won == 1 {
+                if let Some(sync) = self.cfg.sync_replicas {
+                    if let Err(e) = self.sync_replicas(sync, req.name).await {
+                        cleanup.run_now().await;
+                        return Err(e);
+                    }
+                }
+                cleanup.disarm();
+                let fence = u64::try_from(value).map_err(|_| {
+                    Error::backend_error(
+                        NAME,
+                        format!("fencing counter {} is negative", keys.fence),
+                    )
+                })?;
+                return Ok(Some(Grant {
+                    lease: Box::new(RedisLease {
+                        conn: self.conn.clone(),
+                        keys,
+                        token,
+                        server: self.server.clone(),
+                    }),
+                    fence: Some(fence),
+                    valid_until: sent + req.ttl - drift(req.ttl),
+                }));
+            }
+            cleanup.disarm();
+            if req.deadline.passed(Instant::now()) {
+                return Ok(None);
+            }
+            if subs.is_empty() {
+                // Subscribe, then retry at once: no release can slip between.
+                subs.push(self.wake.subscribe(&keys.channel).await);
+                continue;
+            }
+            wait_turn(&mut subs, value, req.deadline).await;
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        let keys = Keys::new(&self.cfg.prefix, name);
+        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = self
+            .conn
+            .script(&INSPECT, &[&keys.lock, &keys.fence], &[])
+            .await
+            .map_err(|e| self.err(e, "inspect", name, false))?;
+        let holder = owner.map(|o| {
+            let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
+            HolderInfo::new(Some(o), fence, ttl)
+        });
+        Ok(Some(LockInfo::new(holder, None)))
+    }
+}
+
+async fn release(conn: Conn, keys: Keys, token: String) {
+    let r: redis::RedisResult<i64> = conn
+        .script(&RELEASE, &[&keys.lock], &[&token, &keys.channel])
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(key = %keys.lock, error = %e, "cleanup compare-and-delete failed; the key ends by its ttl");
+    }
+}
+
+#[derive(Debug)]
+struct RedisLease {
+    conn: Conn,
+    keys: Keys,
+    token: String,
+    server: String,
+}
+
+#[async_trait]
+impl BackendLease for RedisLease {
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        let sent = Instant::now();
+        let r: i64 = self
+            .conn
+            .script(&RENEW, &[&self.keys.lock], &[&self.token, &ttl_ms(ttl)])
+            .await
+            .map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
+        Ok(if r == 1 {
+            Renewal::Renewed {
+                valid_until: sent + ttl - drift(ttl),
+            }
+        } else {
+            Renewal::Lost
+        })
+    }
+
+    async fn release(&self) -> Result<Released> {
+        let r: i64 = self
+            .conn
+            .script(
+                &RELEASE,
+                &[&self.keys.lock],
+                &[&self.token, &self.keys.channel],
+            )
+            .await
+            .map_err(|e| map_err(e, "release (compare-and-delete)", &self.server, true))?;
+        Ok(if r == 1 {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+}
