@@ -1,6 +1,9 @@
 //! The conformance suite against one Redis instance, the three-master
 //! cluster and RedLock over five masters (servers from compose/).
 
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

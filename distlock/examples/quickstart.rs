@@ -29,7 +29,9 @@ async fn main() -> distlock::Result<()> {
         }));
     }
     for w in workers {
-        w.await.expect("worker task")?;
+        w.await.map_err(|e| {
+            distlock::Error::backend_error("quickstart", format!("worker task: {e}"))
+        })??;
     }
 
     // 2. try: contention is Ok(None), not an error.
@@ -55,10 +57,10 @@ async fn main() -> distlock::Result<()> {
         .ttl(Duration::from_secs(1))
         .renew(false)
         .wait(Wait::Try);
-    let guard = locker
-        .acquire("quickstart/short", &opts)
-        .await?
-        .expect("free");
+    let Some(guard) = locker.acquire("quickstart/short", &opts).await? else {
+        println!("quickstart/short is held by someone else");
+        return Ok(());
+    };
     println!("holding quickstart/short for its 1 s ttl without renewal...");
     guard.lost().await;
     println!(

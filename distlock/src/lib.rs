@@ -16,6 +16,7 @@
 //! | scheme | backend | cargo feature |
 //! |---|---|---|
 //! | `memory://[name]` | in-process ([`lockcore::memory`]) | always on |
+//! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
 //!
 //! Everything of [`lockcore`] is re-exported here.
 
@@ -56,6 +57,15 @@ const OPTIONAL: &[(&[&str], &str)] = &[
 /// Cancel safe: a dropped call leaves no lock state behind (at most a
 /// connection that is closed when dropped).
 pub async fn connect(url: &str) -> Result<Locker> {
+    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    #[cfg(feature = "redis")]
+    if matches!(
+        scheme,
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redlock"
+    ) {
+        return lockcore_redis::connect(url).await;
+    }
+    let _ = scheme;
     let parsed = Url::parse(url).map_err(|e| {
         Error::invalid_config(
             FACADE,
@@ -114,6 +124,7 @@ mod tests {
         for (url, needle) in [
             ("not a url", "not a lock URL"),
             ("ftp://x", "unknown lock URL scheme"),
+            #[cfg(not(feature = "redis"))]
             ("redis://127.0.0.1", "feature `redis`"),
             ("mariadb://h/db", "feature `mysql`"),
         ] {

@@ -1,5 +1,8 @@
 //! The conformance suite against the in-memory backend.
 
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
