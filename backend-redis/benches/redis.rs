@@ -15,10 +15,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::{LockOptions, Locker, Wait};
+use lockcore_conformance::workload;
 
 const RUN: Duration = Duration::from_secs(4);
 
@@ -77,26 +76,6 @@ fn ceiling(port: &str, clients: u32) -> f64 {
     1.0 / (1.0 / acq + 1.0 / rel)
 }
 
-async fn pairs_for(locker: &Locker, name: &str, until: Instant) -> u64 {
-    let opts = LockOptions::new().wait(Wait::Try);
-    let mut n = 0;
-    while Instant::now() < until {
-        let g = locker
-            .acquire(name, &opts)
-            .await
-            .unwrap()
-            .expect("uncontended");
-        g.release().await.unwrap();
-        n += 1;
-    }
-    n
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 fn main() {
     let url =
         std::env::var("LOCKTEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into());
@@ -114,81 +93,25 @@ fn main() {
     rt.block_on(async {
         let ns = format!("bench-{:x}", std::process::id());
         let locker = lockcore_redis::connect(&url).await.unwrap();
-
-        // 1. One task.
-        pairs_for(&locker, &format!("{ns}/warm"), Instant::now() + Duration::from_millis(300)).await;
-        let t = Instant::now();
-        let n = pairs_for(&locker, &format!("{ns}/one"), t + RUN).await;
-        let ours1 = n as f64 / t.elapsed().as_secs_f64();
+        workload::uncontended(&locker, &ns, 1, Duration::from_millis(300)).await.unwrap();
+        let ours1 = workload::uncontended(&locker, &ns, 1, RUN).await.unwrap();
         let ceil1 = ceiling(&port, 1);
-
-        // 2. 64 tasks on distinct names, one connection.
-        let t = Instant::now();
-        let until = t + RUN;
-        let tasks: Vec<_> = (0..64)
-            .map(|i| {
-                let (l, name) = (locker.clone(), format!("{ns}/many/{i}"));
-                tokio::spawn(async move { pairs_for(&l, &name, until).await })
-            })
-            .collect();
-        let mut total = 0;
-        for task in tasks {
-            total += task.await.unwrap();
-        }
-        let ours64 = total as f64 / t.elapsed().as_secs_f64();
+        let ours64 = workload::uncontended(&locker, &ns, 64, RUN).await.unwrap();
         let ceil50 = ceiling(&port, 50);
-
-        // 3. Hand-off latency, 8 clients on one name.
-        let name = format!("{ns}/handoff");
-        let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
-        let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
-        // Bumped by each new holder: a client that released waits for the
-        // next holder before it contends again, so every hand-off goes to a
-        // client that was waiting.
-        let (turn, _) = tokio::sync::watch::channel(0u64);
-        let turn = Arc::new(turn);
-        let until = Instant::now() + RUN;
-        let mut tasks = Vec::new();
+        let mut clients = Vec::new();
         for _ in 0..8 {
-            let l = lockcore_redis::connect(&url).await.unwrap();
-            let (name, released_at, samples, turn) = (name.clone(), released_at.clone(), samples.clone(), turn.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut seen = turn.subscribe();
-                while Instant::now() < until {
-                    let g = l.lock(&name).await.unwrap();
-                    let now = Instant::now();
-                    if let Some(r) = released_at.lock().unwrap().take() {
-                        samples.lock().unwrap().push(now - r);
-                    }
-                    turn.send_modify(|n| *n += 1);
-                    seen.mark_unchanged();
-                    *released_at.lock().unwrap() = Some(Instant::now());
-                    g.release().await.unwrap();
-                    let _ = tokio::time::timeout(Duration::from_millis(200), seen.changed()).await;
-                }
-            }));
+            clients.push(lockcore_redis::connect(&url).await.unwrap());
         }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let mut lat = samples.lock().unwrap().clone();
-        lat.sort();
-
-        // 4. RedLock over five.
-        let redlock = std::env::var("LOCKTEST_REDLOCK_URLS").ok().map(|list| {
-            let hosts: Vec<&str> = list.split(',').map(|u| u.trim().trim_start_matches("redis://")).collect();
-            format!("redlock://{}", hosts.join(","))
-        });
-        let red = match redlock {
-            Some(u) => {
-                let rl = lockcore_redis::connect(&u).await.unwrap();
-                let t = Instant::now();
-                let n = pairs_for(&rl, &format!("{ns}/redlock"), t + RUN).await;
-                Some(n as f64 / t.elapsed().as_secs_f64())
+        let lat = workload::handoffs(clients, &format!("{ns}/handoff"), RUN).await.unwrap();
+        let red = match std::env::var("LOCKTEST_REDLOCK_URLS") {
+            Ok(list) => {
+                let hosts: Vec<&str> = list.split(',').map(|u| u.trim().trim_start_matches("redis://")).collect();
+                let rl = lockcore_redis::connect(&format!("redlock://{}", hosts.join(","))).await.unwrap();
+                Some(workload::uncontended(&rl, &ns, 1, RUN).await.unwrap())
             }
-            None => None,
+            Err(_) => None,
         };
-
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!("| figure | lockcore-redis | server ceiling (redis-benchmark) | ratio |");
         println!("|---|---|---|---|");
         println!("| 1 task, acquire+release pairs/s | {ours1:.0} | {ceil1:.0} (-c 1) | {:.2} |", ours1 / ceil1);
@@ -196,9 +119,9 @@ fn main() {
         println!(
             "| contended hand-off, 8 clients, {} hand-offs: p50 / p99 / max | {:.3} / {:.3} / {:.3} ms | | |",
             lat.len(),
-            percentile(&lat, 0.5).as_secs_f64() * 1e3,
-            percentile(&lat, 0.99).as_secs_f64() * 1e3,
-            lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3
+            ms(workload::percentile(&lat, 0.5)),
+            ms(workload::percentile(&lat, 0.99)),
+            ms(workload::percentile(&lat, 1.0)),
         );
         if let Some(r) = red {
             println!("| RedLock over 5, 1 task, pairs/s | {r:.0} | | |");

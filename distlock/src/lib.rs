@@ -24,7 +24,7 @@ pub use lockcore::*;
 
 use url::Url;
 
-const FACADE: &str = "distlock";
+const FACADE: &str = "connect";
 
 /// Schemes whose backends exist but were not compiled in, with their feature.
 const OPTIONAL: &[(&[&str], &str)] = &[

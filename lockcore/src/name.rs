@@ -41,8 +41,8 @@ pub fn validate_name(backend: &'static str, name: &str) -> Result<()> {
     match problem {
         None => Ok(()),
         Some(message) => {
-            // Keep the offending name printable in the error.
-            let shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
+            // The error shows the name with `{:?}`, which escapes it.
+            let shown: String = name.chars().take(64).collect();
             Err(Error::new(ErrorKind::InvalidName, backend, message).with_name(shown))
         }
     }

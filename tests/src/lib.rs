@@ -44,6 +44,7 @@
 
 pub mod cases;
 mod runner;
+pub mod workload;
 
 use std::fmt;
 use std::sync::Arc;
@@ -108,6 +109,8 @@ pub struct Ctx {
     pub caps: Capabilities,
     /// The name prefix of this run.
     pub namespace: String,
+    /// The value of the target's environment variable (`""` when it has none).
+    pub config: String,
 }
 
 impl Ctx {

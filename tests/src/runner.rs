@@ -180,18 +180,19 @@ fn target_trials(
     let made = rt
         .block_on(async { tokio::time::timeout(SETUP_LIMIT, (target.make)(config.clone())).await });
     let var = target.env.as_deref().unwrap_or("(none)");
+    let shown = redact(&config);
     let harness = match made {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
             return vec![failing(
                 format!("{}::available", target.name),
-                format!("backend {} ({var}={config}) could not be set up: {e}. Is the server up? See compose/README.md", target.name),
+                format!("backend {} ({var}={shown}) could not be set up: {e}. Is the server up? See compose/README.md", target.name),
             )]
         }
         Err(_) => {
             return vec![failing(
                 format!("{}::available", target.name),
-                format!("backend {} ({var}={config}) did not answer within {SETUP_LIMIT:?}. Is the server up? See compose/README.md", target.name),
+                format!("backend {} ({var}={shown}) did not answer within {SETUP_LIMIT:?}. Is the server up? See compose/README.md", target.name),
             )]
         }
     };
@@ -200,7 +201,7 @@ fn target_trials(
         Err(e) => {
             return vec![failing(
                 format!("{}::available", target.name),
-                format!("backend {} ({var}={config}): a client could not connect: {e}. Is the server up? See compose/README.md", target.name),
+                format!("backend {} ({var}={shown}): a client could not connect: {e}. Is the server up? See compose/README.md", target.name),
             )]
         }
     };
@@ -208,6 +209,7 @@ fn target_trials(
         harness,
         caps,
         namespace: format!("{ns}/{}", target.name),
+        config,
     };
     all.into_iter()
         .map(|case| {
@@ -238,4 +240,16 @@ fn target_trials(
             })
         })
         .collect()
+}
+
+/// `config` with the credentials of any `scheme://user:pass@` URL in it hidden.
+fn redact(config: &str) -> String {
+    config
+        .split(',')
+        .map(|part| match (part.find("://"), part.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}://***@{}", &part[..s], &part[at + 1..]),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }

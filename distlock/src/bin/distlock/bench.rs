@@ -1,0 +1,138 @@
+//! `distlock bench`: a backend's figures, as a table or JSON.
+
+use std::time::Duration;
+
+use distlock::Locker;
+use indicatif::{ProgressBar, ProgressStyle};
+use lockcore_conformance::workload;
+use serde_json::json;
+
+use crate::exit;
+
+/// Arguments of `distlock bench`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// How long each figure is measured.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Tasks for the uncontended figure on distinct names (one connection).
+    #[arg(long, default_value_t = 64)]
+    tasks: usize,
+    /// Clients (each with its own connection) contending for one name.
+    #[arg(long, default_value_t = 8)]
+    contenders: usize,
+    /// Names held at once with renewal, for the memory and CPU figure.
+    #[arg(long, default_value_t = 1000)]
+    held: usize,
+    /// ttl of the held leases (renewed every ttl/3).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    held_ttl: Duration,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn bar(phase: &str, run: Duration) -> ProgressBar {
+    let pb = ProgressBar::new(u64::try_from(run.as_millis()).unwrap_or(u64::MAX));
+    if let Ok(style) = ProgressStyle::with_template("{msg:40} [{bar:30}] {elapsed}") {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(phase.to_owned());
+    let ticker = pb.clone();
+    tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        while !ticker.is_finished() {
+            ticker.set_position(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    pb
+}
+
+/// Runs the benchmark; returns the exit code.
+pub(crate) async fn bench(locker: Locker, url: &str, args: Args) -> u8 {
+    match measure(locker, url, &args).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("distlock: bench: {e}");
+            exit::for_error(&e)
+        }
+    }
+}
+
+async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()> {
+    let ns = format!("distlock-bench/{}", std::process::id());
+    let run = args.duration;
+
+    let pb = bar("uncontended, 1 task", run);
+    let one = workload::uncontended(&locker, &ns, 1, run).await?;
+    pb.finish_and_clear();
+
+    let pb = bar(&format!("uncontended, {} tasks", args.tasks), run);
+    let many = workload::uncontended(&locker, &ns, args.tasks, run).await?;
+    pb.finish_and_clear();
+
+    let mut clients = Vec::new();
+    for _ in 0..args.contenders {
+        clients.push(distlock::connect(url).await?);
+    }
+    let pb = bar(&format!("contended, {} clients", args.contenders), run);
+    let lat = workload::handoffs(clients, &format!("{ns}/contended"), run).await?;
+    pb.finish_and_clear();
+    let handoffs_per_s = lat.len() as f64 / run.as_secs_f64();
+
+    let pb = bar(&format!("{} leases held", args.held), run);
+    let held = workload::hold_many(&locker, &ns, args.held, args.held_ttl, run).await?;
+    pb.finish_and_clear();
+
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (p50, p99, max) = (
+        ms(workload::percentile(&lat, 0.5)),
+        ms(workload::percentile(&lat, 0.99)),
+        ms(workload::percentile(&lat, 1.0)),
+    );
+    let cpu_pct = 100.0 * held.cpu.as_secs_f64() / held.wall.as_secs_f64().max(1e-9);
+    if args.json {
+        let out = json!({
+            "backend": locker.backend_name(),
+            "duration_s": run.as_secs_f64(),
+            "uncontended_1_task_pairs_per_s": one,
+            "uncontended_tasks": args.tasks,
+            "uncontended_n_tasks_pairs_per_s": many,
+            "contenders": args.contenders,
+            "handoffs": lat.len(),
+            "handoffs_per_s": handoffs_per_s,
+            "handoff_latency_ms": { "p50": p50, "p99": p99, "max": max },
+            "held": { "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
+                      "rss_added_kib": held.rss_added_kib, "cpu_s": held.cpu.as_secs_f64(), "cpu_percent": cpu_pct },
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!("backend: {}", locker.backend_name());
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!("| uncontended acquire+release, 1 task | {one:.0} pairs/s |");
+    println!(
+        "| uncontended acquire+release, {} tasks, distinct names | {many:.0} pairs/s |",
+        args.tasks
+    );
+    println!(
+        "| contended hand-offs, {} clients on one name | {handoffs_per_s:.0} /s |",
+        args.contenders
+    );
+    println!("| hand-off latency p50 / p99 / max | {p50:.3} / {p99:.3} / {max:.3} ms |");
+    println!(
+        "| {} leases held with renewal (ttl {:?}) | +{} KiB resident, {:.2}% CPU{} |",
+        held.leases,
+        args.held_ttl,
+        held.rss_added_kib,
+        cpu_pct,
+        if held.all_held {
+            ""
+        } else {
+            " (some leases were lost!)"
+        }
+    );
+    Ok(())
+}

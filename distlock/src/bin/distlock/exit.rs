@@ -1,0 +1,39 @@
+//! Exit codes of `distlock` (from sysexits.h where one fits).
+
+use distlock::{Error, ErrorKind};
+
+/// Bad arguments, name or configuration (EX_USAGE).
+pub(crate) const USAGE: u8 = 64;
+/// The backend's server is unavailable (EX_UNAVAILABLE).
+pub(crate) const UNAVAILABLE: u8 = 69;
+/// Any other failure of distlock itself (EX_SOFTWARE).
+pub(crate) const SOFTWARE: u8 = 70;
+/// `run`: the lock could not be had within the wait; nothing was run (EX_TEMPFAIL).
+pub(crate) const NOT_ACQUIRED: u8 = 75;
+/// `run`: the lease was lost while the command ran; the command was stopped.
+pub(crate) const LOST: u8 = 76;
+/// `run`: the command could not be started (as shells do).
+pub(crate) const NOT_STARTED: u8 = 127;
+
+/// The exit codes, for `--help`.
+pub(crate) const HELP: &str = "\
+Exit codes:
+  run      the command's own exit status (128+N when it was killed by signal N)
+  75       run: the lock was held and could not be had within --wait (or at once with --no-wait); nothing was run
+  76       run: the lease was lost while the command ran; the command got SIGTERM, then SIGKILL after --grace
+  64       bad arguments, lock name or backend URL
+  69       the backend's server is unavailable
+  70       any other error
+  127      run: the command could not be started
+(75 and 76 can be changed with --conflict-exit-code and --lost-exit-code.)";
+
+/// The exit code for an error that ended a command.
+pub(crate) fn for_error(e: &Error) -> u8 {
+    match e.kind() {
+        ErrorKind::InvalidName | ErrorKind::InvalidConfig => USAGE,
+        ErrorKind::Unavailable => UNAVAILABLE,
+        ErrorKind::Timeout => NOT_ACQUIRED,
+        ErrorKind::Lost => LOST,
+        _ => SOFTWARE,
+    }
+}

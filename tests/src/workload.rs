@@ -1,0 +1,187 @@
+//! Workloads for benchmarks, shared by every backend's bench and by
+//! `distlock bench`: uncontended pairs, contended hand-offs, many leases held.
+//!
+//! They measure through the full [`Locker`] path (validation, reentrancy
+//! map, watchdog, guard), as an application uses it.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lockcore::{LockOptions, Locker, Wait};
+
+/// Acquire+release pairs on `name` until `until`; returns how many.
+pub async fn pairs(locker: &Locker, name: &str, until: Instant) -> lockcore::Result<u64> {
+    let opts = LockOptions::new().wait(Wait::Try);
+    let mut n = 0;
+    while Instant::now() < until {
+        if let Some(g) = locker.acquire(name, &opts).await? {
+            g.release().await?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Uncontended pairs per second: `tasks` tasks, each on its own name,
+/// sharing `locker`'s connection (each task a clone: its own owner).
+pub async fn uncontended(
+    locker: &Locker,
+    prefix: &str,
+    tasks: usize,
+    run: Duration,
+) -> lockcore::Result<f64> {
+    let start = Instant::now();
+    let until = start + run;
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let (l, name) = (locker.clone(), format!("{prefix}/uncontended/{i}"));
+            tokio::spawn(async move { pairs(&l, &name, until).await })
+        })
+        .collect();
+    let mut total = 0;
+    for h in handles {
+        total += h
+            .await
+            .map_err(|e| lockcore::Error::backend_error("bench", format!("task: {e}")))??;
+    }
+    Ok(total as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Hand-off latencies (release sent → next holder acquired) with one client
+/// per `lockers` entry contending for `name` for `run`. A client that
+/// released waits for the next holder before contending again, so every
+/// hand-off goes to a client that was waiting.
+pub async fn handoffs(
+    lockers: Vec<Locker>,
+    name: &str,
+    run: Duration,
+) -> lockcore::Result<Vec<Duration>> {
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let turn = Arc::new(tokio::sync::watch::channel(0u64).0);
+    let until = Instant::now() + run;
+    let mut tasks = Vec::new();
+    for l in lockers {
+        let (name, released_at, samples, turn) = (
+            name.to_owned(),
+            released_at.clone(),
+            samples.clone(),
+            turn.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut seen = turn.subscribe();
+            while Instant::now() < until {
+                let opts = LockOptions::new()
+                    .wait(Wait::For(until.saturating_duration_since(Instant::now())));
+                let g = match l.acquire(&name, &opts).await {
+                    Ok(Some(g)) => g,
+                    Ok(None) => break,
+                    Err(e) if e.kind() == lockcore::ErrorKind::Timeout => break,
+                    Err(e) => return Err(e),
+                };
+                let now = Instant::now();
+                if let Some(r) = lock(&released_at).take() {
+                    lock(&samples).push(now - r);
+                }
+                turn.send_modify(|n| *n += 1);
+                seen.mark_unchanged();
+                *lock(&released_at) = Some(Instant::now());
+                g.release().await?;
+                let _ = tokio::time::timeout(Duration::from_millis(200), seen.changed()).await;
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await
+            .map_err(|e| lockcore::Error::backend_error("bench", format!("task: {e}")))??;
+    }
+    let mut v = lock(&samples).clone();
+    v.sort();
+    Ok(v)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The `p` quantile (0..=1) of sorted samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// What holding many leases with renewal cost.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldReport {
+    /// Leases held.
+    pub leases: usize,
+    /// Resident memory added by taking them, KiB.
+    pub rss_added_kib: u64,
+    /// CPU time (user + system) of this process while holding them.
+    pub cpu: Duration,
+    /// Wall time they were held.
+    pub wall: Duration,
+    /// Whether every lease was still held at the end.
+    pub all_held: bool,
+}
+
+/// Holds `k` names with renewal on (ttl `ttl`) for `run`, then releases them.
+pub async fn hold_many(
+    locker: &Locker,
+    prefix: &str,
+    k: usize,
+    ttl: Duration,
+    run: Duration,
+) -> lockcore::Result<HeldReport> {
+    let before = rss_kib();
+    let opts = LockOptions::new().ttl(ttl).wait(Wait::Try);
+    let mut guards = Vec::with_capacity(k);
+    for i in 0..k {
+        if let Some(g) = locker.acquire(&format!("{prefix}/held/{i}"), &opts).await? {
+            guards.push(g);
+        }
+    }
+    let added = rss_kib().saturating_sub(before);
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    tokio::time::sleep(run).await;
+    let report = HeldReport {
+        leases: guards.len(),
+        rss_added_kib: added,
+        cpu: cpu_time().saturating_sub(cpu0),
+        wall: t0.elapsed(),
+        all_held: guards.iter().all(|g| g.is_held()),
+    };
+    for g in guards {
+        g.release().await?;
+    }
+    Ok(report)
+}
+
+/// Resident set size of this process in KiB (Linux; 0 elsewhere).
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU time of this process (Linux; zero elsewhere).
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command name (in parentheses) come the state (not a number),
+    // then numeric fields from ppid on; utime and stime are the 11th and 12th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
