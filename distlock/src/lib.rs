@@ -16,6 +16,7 @@
 //! | scheme | backend | cargo feature |
 //! |---|---|---|
 //! | `memory://[name]` | in-process ([`lockcore::memory`]) | always on |
+//! | `mysql://user:pass@host/db`, `mariadb://...` | MySQL 8 / MariaDB (`lockcore-mysql`) | `mysql` |
 //! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
 //!
 //! Everything of [`lockcore`] is re-exported here.
@@ -64,6 +65,10 @@ pub async fn connect(url: &str) -> Result<Locker> {
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redlock"
     ) {
         return lockcore_redis::connect(url).await;
+    }
+    #[cfg(feature = "mysql")]
+    if matches!(scheme, "mysql" | "mariadb") {
+        return lockcore_mysql::connect(url).await;
     }
     let _ = scheme;
     let parsed = Url::parse(url).map_err(|e| {
@@ -126,6 +131,7 @@ mod tests {
             ("ftp://x", "unknown lock URL scheme"),
             #[cfg(not(feature = "redis"))]
             ("redis://127.0.0.1", "feature `redis`"),
+            #[cfg(not(feature = "mysql"))]
             ("mariadb://h/db", "feature `mysql`"),
         ] {
             let e = connect(url).await.unwrap_err();

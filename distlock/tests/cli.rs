@@ -34,6 +34,13 @@ const SPECS: &[Spec] = &[
         server: "redis",
         url: |v| v.to_owned(),
     },
+    #[cfg(feature = "mysql")]
+    Spec {
+        target: "cli-mysql",
+        env: "LOCKTEST_MYSQL_URL",
+        server: "mariadb",
+        url: |v| v.to_owned(),
+    },
 ];
 
 fn spec(ctx: &Ctx) -> &'static Spec {

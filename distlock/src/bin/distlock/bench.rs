@@ -30,6 +30,9 @@ pub(crate) struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// A label for the results (default: the backend's name).
+    #[arg(long)]
+    label: Option<String>,
 }
 
 fn bar(phase: &str, run: Duration) -> ProgressBar {
@@ -95,6 +98,7 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
     if args.json {
         let out = json!({
             "backend": locker.backend_name(),
+            "label": args.label.as_deref().unwrap_or(locker.backend_name()),
             "duration_s": run.as_secs_f64(),
             "uncontended_1_task_pairs_per_s": one,
             "uncontended_tasks": args.tasks,

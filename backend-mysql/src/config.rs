@@ -1,0 +1,335 @@
+//! Connection settings, parsed from a URL.
+//!
+//! `mysql://[user[:password]@]host[:port][/database][?options]`, or the same
+//! with `mariadb://` (an alias: both speak the MySQL protocol).
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence` |
+//! | `pool_size` | 32 | connections for holding locks: each held lock pins one |
+//! | `aux_pool_size` | 4 | connections for short autocommit statements (fencing counter, cancelling a wait) |
+//! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
+//! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
+//! | `ensure_schema` | `true` | create the two tables if missing when connecting (see [`crate::schema_sql`]) |
+//!
+//! TLS is not built in: `ssl-mode`/`sslmode` other than `disabled` is refused
+//! (reach a remote server through a TLS tunnel).
+
+use std::fmt;
+use std::time::Duration;
+
+use lockcore::{Error, Result};
+
+pub(crate) const NAME: &str = "mysql";
+
+/// Settings of a MySQL/MariaDB backend. `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MysqlConfig {
+    /// Host name or address.
+    pub host: String,
+    /// Port (default 3306).
+    pub port: u16,
+    /// User name.
+    pub user: Option<String>,
+    /// Password.
+    pub password: Option<String>,
+    /// Database (schema) holding the tables.
+    pub database: Option<String>,
+    /// The lock table (letters, digits, `_` and `$`, up to 58 characters);
+    /// the fencing counters live in `<table>_fence`.
+    pub table: String,
+    /// How many connections may hold locks at once (each held lock pins one).
+    pub pool_size: u32,
+    /// How many connections run short autocommit statements.
+    pub aux_pool_size: u32,
+    /// How long to wait for a new connection.
+    pub connect_timeout: Duration,
+    /// How long to wait for a statement that does not wait for a lock.
+    pub request_timeout: Duration,
+    /// Whether [`connect`](crate::connect) creates missing tables.
+    pub ensure_schema: bool,
+}
+
+impl fmt::Debug for MysqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("database", &self.database)
+            .field("table", &self.table)
+            .field("pool_size", &self.pool_size)
+            .field("aux_pool_size", &self.aux_pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("ensure_schema", &self.ensure_schema)
+            .finish()
+    }
+}
+
+impl fmt::Display for MysqlConfig {
+    /// `host:port/database`, without credentials.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)?;
+        } else {
+            write!(f, "{}:{}", self.host, self.port)?;
+        }
+        if let Some(db) = &self.database {
+            write!(f, "/{db}")?;
+        }
+        Ok(())
+    }
+}
+
+impl MysqlConfig {
+    /// Settings with defaults for `host:port`.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        MysqlConfig {
+            host: host.into(),
+            port,
+            user: None,
+            password: None,
+            database: None,
+            table: "lockcore_locks".to_owned(),
+            pool_size: 32,
+            aux_pool_size: 4,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            ensure_schema: true,
+        }
+    }
+
+    /// The fencing counter table.
+    pub fn fence_table(&self) -> String {
+        format!("{}_fence", self.table)
+    }
+
+    /// Parses a URL (see the module docs). Errors are
+    /// [`InvalidConfig`](lockcore::ErrorKind::InvalidConfig) and name the part
+    /// that is wrong.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |what: String| {
+            Error::invalid_config(NAME, format!("in MySQL URL {}: {what}", redact(url)))
+        };
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("missing scheme (expected mysql:// or mariadb://)".into()))?;
+        if !matches!(scheme, "mysql" | "mariadb") {
+            return Err(bad(format!(
+                "unknown scheme {scheme:?} (expected mysql:// or mariadb://)"
+            )));
+        }
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (path, query) = match tail.split_once('?') {
+            Some((p, q)) => (p, q),
+            None => (tail, ""),
+        };
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let dec = |s: &str| -> Result<String> {
+            let bytes = percent_decode(s)
+                .ok_or_else(|| bad("credentials are not percent-encoded correctly".into()))?;
+            String::from_utf8(bytes)
+                .map_err(|_| bad("credentials are not UTF-8 once decoded".into()))
+        };
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(u) => {
+                let (user, pass) = match u.split_once(':') {
+                    Some((a, b)) => (a, Some(b)),
+                    None => (u, None),
+                };
+                (
+                    (!user.is_empty()).then(|| dec(user)).transpose()?,
+                    pass.map(dec).transpose()?,
+                )
+            }
+        };
+        let (host, port) = split_host_port(hostport).map_err(&bad)?;
+        let mut cfg = MysqlConfig::new(host, port);
+        cfg.user = user;
+        cfg.password = password;
+        let db = path.trim_start_matches('/');
+        if db.contains('/') {
+            return Err(bad(format!("database {db:?} must be one path segment")));
+        }
+        if !db.is_empty() {
+            cfg.database = Some(dec(db)?);
+        }
+        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+            let ms = || -> Result<Duration> {
+                match v.parse::<u64>() {
+                    Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
+                    _ => Err(bad(format!(
+                        "option {k}={v:?} is not a positive number of milliseconds"
+                    ))),
+                }
+            };
+            let count = || -> Result<u32> {
+                match v.parse::<u32>() {
+                    Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+                    _ => Err(bad(format!(
+                        "option {k}={v:?} is not a count from 1 to 10000"
+                    ))),
+                }
+            };
+            match &*k {
+                "table" => {
+                    check_table(&v).map_err(|why| bad(format!("option table={v:?}: {why}")))?;
+                    cfg.table = v.into_owned();
+                }
+                "pool_size" => cfg.pool_size = count()?,
+                "aux_pool_size" => cfg.aux_pool_size = count()?,
+                "connect_timeout_ms" => cfg.connect_timeout = ms()?,
+                "request_timeout_ms" => cfg.request_timeout = ms()?,
+                "ensure_schema" => {
+                    cfg.ensure_schema = match &*v {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => {
+                            return Err(bad(format!(
+                                "option ensure_schema={v:?} is not true or false"
+                            )))
+                        }
+                    }
+                }
+                "ssl-mode" | "sslmode" | "ssl_mode" => {
+                    if !v.eq_ignore_ascii_case("disabled") {
+                        return Err(bad(format!(
+                            "option {k}={v:?}: TLS is not supported by this build; use ssl-mode=disabled through a TLS tunnel"
+                        )));
+                    }
+                }
+                other => return Err(bad(format!("unknown option {other:?}"))),
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// Why `table` is not an acceptable table name, if it is not.
+pub(crate) fn check_table(table: &str) -> std::result::Result<(), &'static str> {
+    if table.is_empty() || table.len() > 58 {
+        return Err("a table name has 1 to 58 characters");
+    }
+    if !table
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
+    {
+        return Err("a table name has only ASCII letters, digits, '_' and '$'");
+    }
+    Ok(())
+}
+
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+fn split_host_port(h: &str) -> std::result::Result<(String, u16), String> {
+    if h.is_empty() {
+        return Err("the host is empty".into());
+    }
+    if h.contains(',') {
+        return Err("one host only (a lock lives on one primary server)".into());
+    }
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or(format!("host {h:?} has an unclosed '['"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (h, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("host {h:?} has no name"));
+    }
+    let port = match port {
+        None => 3306,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
+    };
+    Ok((host.to_owned(), port))
+}
+
+/// The URL with any credentials replaced, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_the_forms() {
+        let c = MysqlConfig::parse(
+            "mariadb://u:p%40ss@127.0.0.1:13306/lockcore?table=my_locks&pool_size=8&request_timeout_ms=200&ensure_schema=false",
+        )
+        .unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 13306));
+        assert_eq!(c.user.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.database.as_deref(), Some("lockcore"));
+        assert_eq!(c.table, "my_locks");
+        assert_eq!(c.fence_table(), "my_locks_fence");
+        assert_eq!(c.pool_size, 8);
+        assert_eq!(c.request_timeout, Duration::from_millis(200));
+        assert!(!c.ensure_schema);
+        assert!(!format!("{c:?}").contains("p@ss"));
+        assert!(!c.to_string().contains("p@ss"));
+        let c = MysqlConfig::parse("mysql://db.example").unwrap();
+        assert_eq!((c.port, c.database.as_deref()), (3306, None));
+        let c = MysqlConfig::parse("mysql://[::1]:3307/x").unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("::1", 3307));
+    }
+
+    #[test]
+    fn names_the_wrong_part() {
+        for (url, needle) in [
+            ("mysql://h:notaport", "port \"notaport\""),
+            ("mysql://h/a/b", "one path segment"),
+            ("mysql://h?bogus=1", "unknown option \"bogus\""),
+            ("mysql://h?table=x;drop", "option table"),
+            ("mysql://h?pool_size=0", "pool_size"),
+            ("mysql://:secret@h:1?connect_timeout_ms=x", "milliseconds"),
+            ("postgres://h", "unknown scheme"),
+            ("mysql://a,b", "one host"),
+            ("mysql://h?ssl-mode=required", "TLS"),
+            ("h:3306", "missing scheme"),
+        ] {
+            let e = MysqlConfig::parse(url).unwrap_err();
+            assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);
+            assert!(e.to_string().contains(needle), "{url}: {e}");
+            assert!(!e.to_string().contains("secret"));
+        }
+    }
+}

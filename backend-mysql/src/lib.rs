@@ -1,0 +1,85 @@
+//! MySQL 8 and MariaDB backend for [`lockcore`]: row locks with
+//! `SELECT ... FOR UPDATE`, through sqlx.
+//!
+//! **Tables.** A lock name `N` is the row of `lockcore_locks` (set with
+//! `?table=`) whose `name` is the bytes of `N`: a `VARBINARY(256)` primary
+//! key, so names compare byte for byte (`A` and `a`, `x` and `x `, emoji
+//! are distinct) and the locking read goes through the primary index,
+//! locking exactly that one record. The row is created on first use by an
+//! autocommit insert, outside any lock, and is never deleted by the library.
+//! Beside it, `lockcore_locks_fence` keeps each name's fencing counter, the
+//! connection id of the latest holder and its owner token. Both tables are
+//! created by [`connect`] unless `?ensure_schema=false`; [`schema_sql`] gives
+//! the statements for a migration.
+//!
+//! **Acquire.** On a dedicated pooled connection: `SET SESSION wait_timeout`
+//! from the ttl, `START TRANSACTION`, then `SELECT ... FOR UPDATE NOWAIT` for
+//! a try, or a plain `FOR UPDATE` under the session's
+//! `innodb_lock_wait_timeout` for a wait: whole seconds by the server, the
+//! sub-second rest cut at the deadline by `KILL QUERY`; waiting forever
+//! renews 30 s server waits in a loop. A commit or rollback of the holder
+//! hands the row to a waiter at once (the server's own lock queue; no order
+//! is promised). The transaction stays open while the lock is held; release
+//! is an explicit `ROLLBACK` and returns the connection to the pool.
+//!
+//! **The lease is the connection.** The holding session's `wait_timeout` is
+//! the ttl (whole seconds, rounded up), so the server itself ends a stalled
+//! holder's session, and its transaction, after a ttl without a statement.
+//! The watchdog's renewal is a `SELECT 1` on the holding connection, which
+//! keeps it alive and finds it broken; the lost signal fires then. A killed
+//! or closed connection frees the row at once (`KILL <id>` is how an
+//! operator ends a lock: see [`MysqlBackend::kill_holder`]).
+//!
+//! **Fencing (strict, also when a holder dies).** While holding the row
+//! lock, the acquirer runs `INSERT ... ON DUPLICATE KEY UPDATE fence =
+//! LAST_INSERT_ID(fence + 1)` on the fence row, on *another* connection, in
+//! autocommit: the increment is committed on its own and never rolls back
+//! with the holder. The lease is granted only after a round trip on the
+//! holding connection that follows the committed increment. So for
+//! successive holders A then B of a name: A's increment committed, then A's
+//! transaction was still alive, then it ended, then B got the row, then B
+//! incremented: B's token is larger. A counter that only goes up through
+//! committed statements cannot go backwards (rows are never deleted).
+//!
+//! **Pool.** Each held lock pins one connection of a pool of `pool_size`
+//! (32 by default). When all are pinned, a wait keeps waiting for one within
+//! its deadline, and a try fails at once with
+//! [`ErrorKind::Timeout`](lockcore::ErrorKind::Timeout) saying so; nothing
+//! hangs. A few more connections (`aux_pool_size`, 4) run the short
+//! autocommit statements.
+//!
+//! **Cancel safety.** The transaction is never a sqlx `Transaction` (whose
+//! rollback is only queued when dropped): a connection with an open
+//! transaction that is dropped (an acquire future dropped midway, a lease
+//! dropped without release) is detached from the pool and closed, and its
+//! server thread is `KILL`ed in the background, so the row is free after one
+//! round trip.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! let locker = lockcore_mysql::connect("mysql://app:secret@127.0.0.1:3306/app?pool_size=16").await?;
+//! let guard = locker.lock("jobs/nightly").await?; // row 'jobs/nightly' of lockcore_locks
+//! println!("fencing token {:?}", guard.fence());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+pub mod config;
+
+pub use backend::{schema_sql, MysqlBackend};
+pub use config::MysqlConfig;
+
+use lockcore::Locker;
+
+/// Connects to the server that `url` names (`mysql://` or `mariadb://`, see
+/// [`config`]) and returns a [`Locker`] over it.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it creates no lock state.
+pub async fn connect(url: &str) -> lockcore::Result<Locker> {
+    let cfg = MysqlConfig::parse(url)?;
+    Ok(Locker::new(MysqlBackend::connect(cfg).await?))
+}

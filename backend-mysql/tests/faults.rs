@@ -1,0 +1,270 @@
+//! MySQL-specific cases (server from compose/): a holder's connection killed
+//! on the server, byte-exact names, pool exhaustion, a dropped guard, and a
+//! stalled holder timed out by the server.
+
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lockcore::{ErrorKind, LockOptions, Locker, Wait};
+use lockcore_conformance::{run_serial, Ctx, Harness, Target};
+use lockcore_mysql::{MysqlBackend, MysqlConfig};
+use sqlx::{Connection, Row};
+
+#[derive(Debug)]
+struct Url(String);
+
+#[async_trait]
+impl Harness for Url {
+    async fn connect(&self) -> lockcore::Result<Locker> {
+        lockcore_mysql::connect(&self.0).await
+    }
+}
+
+fn with_opts(ctx: &Ctx, opts: &str) -> String {
+    let sep = if ctx.config.contains('?') { '&' } else { '?' };
+    format!("{}{sep}{opts}", ctx.config)
+}
+
+async fn admin(ctx: &Ctx) -> sqlx::MySqlConnection {
+    sqlx::MySqlConnection::connect(&ctx.config)
+        .await
+        .expect("admin connection")
+}
+
+/// `KILL <id>` of the holder's session from another connection: the waiter
+/// gets the row with a larger fencing token, and the old guard's lost signal
+/// fires; its release reports `Lost`.
+async fn kill_holder_connection(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let backend = MysqlBackend::connect(MysqlConfig::parse(&ctx.config).unwrap())
+        .await
+        .unwrap();
+    let name = ctx.name("killed");
+    let ttl = Duration::from_secs(3);
+    let g = a
+        .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let old_fence = g.fence().expect("fence");
+    let waiter = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let g = b.lock(&name).await.expect("the waiter acquires");
+            (Instant::now(), g)
+        })
+    };
+    // The waiter is queued on the row lock (nothing to await from here).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter got a held row");
+    let id = backend
+        .holder_connection(&name)
+        .await
+        .expect("holder")
+        .expect("a holder is recorded");
+    let mut admin = admin(&ctx).await;
+    let killed_at = Instant::now();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+        .execute(&mut admin)
+        .await
+        .expect("KILL");
+    let (got_at, g2) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the row soon after the KILL")
+        .expect("waiter task");
+    assert!(
+        got_at.duration_since(killed_at) < Duration::from_secs(2),
+        "handed over {:?} after the KILL",
+        got_at.duration_since(killed_at)
+    );
+    let new_fence = g2.fence().expect("fence");
+    assert!(new_fence > old_fence, "token {new_fence} after {old_fence}");
+    tokio::time::timeout(ttl + Duration::from_secs(3), g.lost())
+        .await
+        .expect("the killed holder's lost signal fires");
+    assert!(!g.is_held());
+    let err = g.release().await.expect_err("release of a killed lease");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert!(
+        g2.is_held(),
+        "the old holder's release freed the new holder"
+    );
+    g2.release().await.expect("release");
+}
+
+/// Names are byte-exact: case, trailing spaces and emoji make different
+/// locks and different rows.
+async fn names_are_byte_exact(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let base = ctx.name("exact");
+    let pairs = [
+        (format!("{base}/Name"), format!("{base}/name")),
+        (format!("{base}/x"), format!("{base}/x ")),
+        (format!("{base}/x "), format!("{base}/x  ")),
+        (format!("{base}/e\u{301}"), format!("{base}/\u{e9}")),
+        (format!("{base}/🦀"), format!("{base}/🦞")),
+    ];
+    for (one, other) in &pairs {
+        let g1 = a.try_lock(one).await.expect("try").expect("free");
+        let g2 = b
+            .try_lock(other)
+            .await
+            .expect("try")
+            .unwrap_or_else(|| panic!("{other:?} was held by a holder of {one:?}"));
+        assert!(b.try_lock(one).await.expect("try").is_none());
+        assert!(a.clone().try_lock(other).await.expect("try").is_none());
+        g1.release().await.expect("release");
+        g2.release().await.expect("release");
+    }
+    let mut admin = admin(&ctx).await;
+    let rows: i64 = sqlx::query("SELECT COUNT(*) FROM lockcore_locks WHERE name IN (?, ?, ?, ?)")
+        .bind(pairs[0].0.as_bytes())
+        .bind(pairs[0].1.as_bytes())
+        .bind(pairs[1].1.as_bytes())
+        .bind(pairs[2].1.as_bytes())
+        .fetch_one(&mut admin)
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, 4, "one row per distinct name");
+}
+
+/// With every pooled connection pinned by a held lock, a try fails at once
+/// with `Timeout`, a wait times out at its deadline, and a waiter gets a
+/// connection (and the lock) as soon as one is released.
+async fn pool_exhaustion(ctx: Ctx) {
+    let l = lockcore_mysql::connect(&with_opts(&ctx, "pool_size=2&ensure_schema=false"))
+        .await
+        .expect("connect");
+    let name = |i: u32| ctx.name(&format!("pool/{i}"));
+    let g1 = l.try_lock(&name(1)).await.expect("try").expect("free");
+    let g2 = l.try_lock(&name(2)).await.expect("try").expect("free");
+    let t = Instant::now();
+    let err = l.try_lock(&name(3)).await.expect_err("no connection left");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(err.to_string().contains("pool"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "try waited {:?}",
+        t.elapsed()
+    );
+    let wait = Duration::from_millis(1500);
+    let t = Instant::now();
+    let err = l.lock_timeout(&name(3), wait).await.expect_err("times out");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        t.elapsed() >= wait - Duration::from_millis(20),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        t.elapsed() < wait + Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+    let waiter = {
+        let (l, n) = (l.clone(), name(3));
+        tokio::spawn(async move {
+            let g = l
+                .lock_timeout(&n, Duration::from_secs(20))
+                .await
+                .expect("waiter");
+            let at = Instant::now();
+            g.release().await.expect("release");
+            at
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "acquired without a free connection");
+    let released = Instant::now();
+    g1.release().await.expect("release");
+    let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the freed connection")
+        .expect("waiter task");
+    assert!(got.duration_since(released) < Duration::from_secs(2));
+    g2.release().await.expect("release");
+}
+
+/// A guard dropped without `release()` frees the row within a bound, not
+/// whenever a pool gets round to a queued rollback.
+async fn dropped_guard_frees_row_promptly(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("dropped");
+    for _ in 0..5 {
+        let g = a.try_lock(&name).await.expect("try").expect("free");
+        let t = Instant::now();
+        drop(g);
+        let g = b
+            .lock_timeout(&name, Duration::from_secs(5))
+            .await
+            .expect("the dropped guard's row is freed");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "freed {:?} after the drop",
+            t.elapsed()
+        );
+        g.release().await.expect("release");
+    }
+}
+
+/// A holder that stops talking (no renewal) is ended by the server's
+/// `wait_timeout` (set from the ttl): the waiter gets the row after about a
+/// ttl, and not long before.
+async fn stalled_holder_is_timed_out_by_server(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("stalled");
+    let ttl = Duration::from_secs(2);
+    let g = a
+        .acquire(
+            &name,
+            &LockOptions::new().ttl(ttl).wait(Wait::Try).renew(false),
+        )
+        .await
+        .expect("acquire")
+        .expect("free");
+    let t = Instant::now();
+    let g2 = b
+        .lock_timeout(&name, ttl + Duration::from_secs(6))
+        .await
+        .expect("the server ends the stalled session");
+    let after = t.elapsed();
+    assert!(
+        after >= ttl - Duration::from_millis(300),
+        "freed after {after:?}"
+    );
+    assert!(g2.fence() > g.fence());
+    let err = g.release().await.expect_err("the stalled lease is gone");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    g2.release().await.expect("release");
+}
+
+fn main() -> std::process::ExitCode {
+    run_serial(vec![Target::new(
+        "mysql-faults",
+        Some("LOCKTEST_MYSQL_URL"),
+        |url| async move {
+            // Creates the tables if needed.
+            drop(lockcore_mysql::connect(&url).await?);
+            Ok(Arc::new(Url(url)) as Arc<dyn Harness>)
+        },
+    )
+    .only_own_cases()
+    .case("kill_holder_connection", |ctx| {
+        Box::pin(kill_holder_connection(ctx))
+    })
+    .case("names_are_byte_exact", |ctx| {
+        Box::pin(names_are_byte_exact(ctx))
+    })
+    .case("pool_exhaustion", |ctx| Box::pin(pool_exhaustion(ctx)))
+    .case("dropped_guard_frees_row_promptly", |ctx| {
+        Box::pin(dropped_guard_frees_row_promptly(ctx))
+    })
+    .case("stalled_holder_is_timed_out_by_server", |ctx| {
+        Box::pin(stalled_holder_is_timed_out_by_server(ctx))
+    })])
+}
