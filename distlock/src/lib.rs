@@ -16,6 +16,7 @@
 //! | scheme | backend | cargo feature |
 //! |---|---|---|
 //! | `memory://[name]` | in-process ([`lockcore::memory`]) | always on |
+//! | `zk://h1:2181,h2:2181[/chroot]`, `zookeeper://...` | ZooKeeper (`lockcore-zk`) | `zk` |
 //! | `mysql://user:pass@host/db`, `mariadb://...` | MySQL 8 / MariaDB (`lockcore-mysql`) | `mysql` |
 //! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
 //!
@@ -65,6 +66,10 @@ pub async fn connect(url: &str) -> Result<Locker> {
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redlock"
     ) {
         return lockcore_redis::connect(url).await;
+    }
+    #[cfg(feature = "zk")]
+    if matches!(scheme, "zk" | "zookeeper") {
+        return lockcore_zk::connect(url).await;
     }
     #[cfg(feature = "mysql")]
     if matches!(scheme, "mysql" | "mariadb") {

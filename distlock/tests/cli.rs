@@ -34,6 +34,13 @@ const SPECS: &[Spec] = &[
         server: "redis",
         url: |v| v.to_owned(),
     },
+    #[cfg(feature = "zk")]
+    Spec {
+        target: "cli-zk",
+        env: "LOCKTEST_ZK",
+        server: "zk",
+        url: |v| format!("zk://{v}"),
+    },
     #[cfg(feature = "mysql")]
     Spec {
         target: "cli-mysql",

@@ -1,0 +1,306 @@
+//! Connection settings, parsed from a URL.
+//!
+//! ```text
+//! zk://[user:password@]h1:2181,h2:2181[/chroot][?options]
+//! zookeeper://...                                  (the same)
+//! ```
+//!
+//! - **hosts**: one or more `host[:port]` (port 2181 by default).
+//! - **chroot**: every path of this backend lives under it (default: none).
+//!   Missing components are created (as container nodes).
+//! - **user:password**: digest authentication (`addauth digest user:password`)
+//!   on every session. Percent-encode `:`, `@` and `/` in them.
+//!
+//! Options:
+//!
+//! | option | default | meaning |
+//! |---|---|---|
+//! | `prefix` | `/lockcore` | the path, under the chroot, whose children are the lock parents |
+//! | `acl` | `open` | ACL of lock nodes: `open` (world:anyone all), `creator` (all for the authenticated creator only; needs `user:password`), `creator-read` (the creator all, everyone read) |
+//! | `connect_timeout_ms` | `5000` | how long to wait for a session to be established |
+//! | `connection_timeout_ms` | `4000` | idle time after which a connection counts as broken (capped at 2/5 of the session timeout) |
+//!
+//! The session timeout is not an option: it comes from each lock's ttl (see
+//! the crate docs).
+
+use std::fmt;
+use std::time::Duration;
+
+use lockcore::{Error, Result};
+
+pub(crate) const NAME: &str = "zookeeper";
+
+/// The ACL of lock nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AclMode {
+    /// `world:anyone` with all permissions (ZooKeeper's `OPEN_ACL_UNSAFE`).
+    Open,
+    /// All permissions for the authenticated creator only
+    /// (`CREATOR_ALL_ACL`); needs digest credentials.
+    Creator,
+    /// All permissions for the creator, read for everyone.
+    CreatorRead,
+}
+
+/// Settings of a ZooKeeper backend. `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ZkConfig {
+    /// `host:port` of each server.
+    pub hosts: Vec<String>,
+    /// The chroot (`""` for none, else `/a/b`).
+    pub chroot: String,
+    /// The path under the chroot whose children are the lock parents.
+    pub prefix: String,
+    /// Digest credentials (`user`, `password`).
+    pub digest: Option<(String, String)>,
+    /// ACL of lock nodes.
+    pub acl: AclMode,
+    /// How long to wait for a session to be established.
+    pub connect_timeout: Duration,
+    /// Idle time after which a connection counts as broken.
+    pub connection_timeout: Duration,
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("chroot", &self.chroot)
+            .field("prefix", &self.prefix)
+            .field(
+                "digest",
+                &self.digest.as_ref().map(|(u, _)| format!("{u}:***")),
+            )
+            .field("acl", &self.acl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .finish()
+    }
+}
+
+impl ZkConfig {
+    /// Settings with defaults for `hosts` (each `host:port`).
+    pub fn new(hosts: Vec<String>) -> Self {
+        ZkConfig {
+            hosts,
+            chroot: String::new(),
+            prefix: "/lockcore".to_owned(),
+            digest: None,
+            acl: AclMode::Open,
+            connect_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(4),
+        }
+    }
+
+    /// The connect string for the client library (no chroot: paths are
+    /// prefixed by this crate so it can create the chroot).
+    pub(crate) fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+
+    /// The base path: chroot + prefix.
+    pub(crate) fn base(&self) -> String {
+        format!("{}{}", self.chroot, self.prefix)
+    }
+
+    /// Parses a URL (see the module docs). Errors are
+    /// [`InvalidConfig`](lockcore::ErrorKind::InvalidConfig) and name the part
+    /// that is wrong.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |what: String| {
+            Error::invalid_config(NAME, format!("in ZooKeeper URL {}: {what}", redact(url)))
+        };
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("missing scheme (expected zk:// or zookeeper://)".into()))?;
+        if scheme != "zk" && scheme != "zookeeper" {
+            return Err(bad(format!(
+                "unknown scheme {scheme:?} (expected zk:// or zookeeper://)"
+            )));
+        }
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (path, query) = match tail.split_once('?') {
+            Some((p, q)) => (p, q),
+            None => (tail, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let dec = |s: &str| -> Result<String> {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .ok_or_else(|| bad("credentials are not percent-encoded correctly".into()))
+        };
+        let digest = match userinfo {
+            None => None,
+            Some(u) => {
+                let (user, pass) = u.split_once(':').ok_or_else(|| {
+                    bad("credentials must be user:password (digest authentication)".into())
+                })?;
+                if user.is_empty() {
+                    return Err(bad("the digest user name is empty".into()));
+                }
+                Some((dec(user)?, dec(pass)?))
+            }
+        };
+        let mut list = Vec::new();
+        for h in hosts.split(',') {
+            list.push(split_host_port(h).map_err(&bad)?);
+        }
+        let mut cfg = ZkConfig::new(list);
+        cfg.digest = digest;
+        cfg.chroot = normalize_path(path).map_err(|e| bad(format!("chroot: {e}")))?;
+        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+            let ms = || -> Result<Duration> {
+                v.parse::<u64>()
+                    .map(Duration::from_millis)
+                    .map_err(|_| bad(format!("option {k}={v:?} is not a number of milliseconds")))
+            };
+            match &*k {
+                "prefix" => {
+                    let p = normalize_path(&v).map_err(|e| bad(format!("prefix: {e}")))?;
+                    if p.is_empty() {
+                        return Err(bad("prefix must not be the root".into()));
+                    }
+                    cfg.prefix = p;
+                }
+                "acl" => {
+                    cfg.acl = match &*v {
+                        "open" => AclMode::Open,
+                        "creator" => AclMode::Creator,
+                        "creator-read" => AclMode::CreatorRead,
+                        other => {
+                            return Err(bad(format!(
+                                "acl={other:?} is unknown (expected open, creator or creator-read)"
+                            )))
+                        }
+                    }
+                }
+                "connect_timeout_ms" => cfg.connect_timeout = ms()?,
+                "connection_timeout_ms" => cfg.connection_timeout = ms()?,
+                other => return Err(bad(format!("unknown option {other:?}"))),
+            }
+        }
+        if cfg.connect_timeout.is_zero() || cfg.connection_timeout.is_zero() {
+            return Err(bad("timeouts must be above zero".into()));
+        }
+        if cfg.acl != AclMode::Open && cfg.digest.is_none() {
+            return Err(bad(
+                "acl=creator and acl=creator-read need digest credentials (zk://user:password@host/...)"
+                    .into(),
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+/// `""` or `/a/b` (no trailing slash, no empty, `.` or `..` components).
+fn normalize_path(p: &str) -> std::result::Result<String, String> {
+    let trimmed = p.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    if !trimmed.starts_with('/') {
+        return Err(format!("{p:?} must start with '/'"));
+    }
+    for part in trimmed[1..].split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err(format!("{p:?} has an empty, '.' or '..' component"));
+        }
+        if part.chars().any(|c| c.is_control()) {
+            return Err(format!("{p:?} has a control character"));
+        }
+    }
+    if trimmed == "/zookeeper" || trimmed.starts_with("/zookeeper/") {
+        return Err(format!("{p:?} is under ZooKeeper's reserved /zookeeper"));
+    }
+    Ok(trimmed.to_owned())
+}
+
+fn split_host_port(h: &str) -> std::result::Result<String, String> {
+    if h.is_empty() {
+        return Err("a host is empty".into());
+    }
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or(format!("host {h:?} has an unclosed '['"))?;
+        (format!("[{host}]"), after.strip_prefix(':'))
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host.to_owned(), Some(port)),
+            None => (h.to_owned(), None),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(format!("host {h:?} has no name"));
+    }
+    let port = match port {
+        None => 2181,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// The URL with any password replaced, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_the_forms() {
+        let c =
+            ZkConfig::parse("zk://a:1,b,c:3/app/x?prefix=/locks&connect_timeout_ms=200").unwrap();
+        assert_eq!(c.hosts, ["a:1", "b:2181", "c:3"]);
+        assert_eq!(c.chroot, "/app/x");
+        assert_eq!(c.prefix, "/locks");
+        assert_eq!(c.base(), "/app/x/locks");
+        assert_eq!(c.connect_timeout, Duration::from_millis(200));
+        let c = ZkConfig::parse("zookeeper://u:p%40ss@h:2181/?acl=creator").unwrap();
+        assert_eq!(c.chroot, "");
+        assert_eq!(c.digest, Some(("u".into(), "p@ss".into())));
+        assert_eq!(c.acl, AclMode::Creator);
+        assert!(!format!("{c:?}").contains("p@ss"));
+        let c = ZkConfig::parse("zk://127.0.0.1:12181").unwrap();
+        assert_eq!(c.base(), "/lockcore");
+    }
+
+    #[test]
+    fn names_the_wrong_part() {
+        for (url, needle) in [
+            ("zk://h:notaport", "port \"notaport\""),
+            ("zk://h/a//b", "chroot"),
+            ("zk://h/a/../b", "chroot"),
+            ("zk://h?bogus=1", "unknown option \"bogus\""),
+            ("zk://h?acl=creator", "need digest credentials"),
+            ("zk://h?acl=everyone", "acl=\"everyone\""),
+            ("zk://h?prefix=rel", "must start with"),
+            ("redis://h", "unknown scheme"),
+            ("zk://u:secret@h:1?connect_timeout_ms=x", "milliseconds"),
+            ("zk://secret@h:1", "user:password"),
+            ("zk://h,,b", "empty"),
+        ] {
+            let e = ZkConfig::parse(url).unwrap_err();
+            assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);
+            assert!(e.to_string().contains(needle), "{url}: {e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! ZooKeeper backend for [`lockcore`]: ephemeral sequential nodes, fair and
+//! herd-free, interoperable with Apache Curator's `InterProcessMutex` and
+//! kazoo's `Lock`.
+//!
+//! **Paths.** A lock name `N` maps to the parent node
+//! `<chroot><prefix>/<encode_segment(N)>` (prefix `/lockcore` by default,
+//! see [`config`]; [`encode_segment`](lockcore::name::encode_segment) keeps
+//! ASCII letters, digits and `-_~.` and writes every other byte as `%XX`, so
+//! `a/b` is `a%2Fb`, `..` is `%2E%2E`, and a 256-byte name stays one segment
+//! well under ZooKeeper's limits). Under it, each contender creates an
+//! ephemeral sequential node `_c_<uuid>-lock-<seq>` holding its owner token
+//! (32 hex digits), exactly Curator's `InterProcessMutex` layout
+//! (`<uuid>` is the owner token written as a UUID): a Java service using
+//! `new InterProcessMutex(client, "<prefix>/<segment>")` on the same path
+//! excludes and is excluded. kazoo's `Lock` nodes (`<uuid>__lock__<seq>`)
+//! count as contenders too, so a Python service using
+//! `client.Lock(path)` with `extra_lock_patterns=["-lock-"]` interoperates.
+//! All contenders are ordered by their 10-digit sequence suffix. Parents,
+//! the prefix and the chroot are created as *container* nodes, which the
+//! server reaps once empty, so short-lived names leave nothing behind.
+//!
+//! **The recipe.** The first contender holds the lock. Every other one
+//! watches only its predecessor (an `exists` watch), so a release wakes one
+//! waiter, the next in arrival order: fair, and no herd. A dropped
+//! acquisition deletes its node (found by its uuid, also after a connection
+//! loss cut off the create).
+//!
+//! **The lease is the session.** The session timeout is the lock's ttl;
+//! locks asking for the same timeout share a session. A ttl below the
+//! server's `minSessionTimeout` is raised to it (with a warning; the grant's
+//! validity stays the ttl, the node lives as long as the session); a ttl
+//! above `maxSessionTimeout` is refused with `InvalidConfig` naming the
+//! server's bound, since no session could keep it. The lost signal fires when the session expires, when it has
+//! been disconnected for about its timeout (the server may have expired it
+//! by then; expiry itself is only reported after a reconnect), or when the
+//! node is deleted by someone else. A grant's validity is the send time of
+//! the request that proved the session alive plus `min(ttl, session
+//! timeout)`; renewal re-proves it with one read of the node. A lease lost
+//! on the client's clock (renewal turned off and the ttl ran out) deletes
+//! its node, so the next waiter proceeds.
+//!
+//! **Fencing.** The token is the lock node's creation zxid (`czxid`): zxids
+//! grow strictly across the whole ensemble and across leader elections, and
+//! unlike sequence numbers they do not restart when a reaped parent is
+//! created again ([`Fencing::Strict`](lockcore::Fencing)).
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! let locker = lockcore_zk::connect("zk://127.0.0.1:2181,127.0.0.1:2182/app").await?;
+//! // nodes /app/lockcore/jobs%2Fnightly/_c_<uuid>-lock-<seq>
+//! let guard = locker.lock("jobs/nightly").await?;
+//! println!("fencing token {:?}", guard.fence());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+pub mod config;
+mod recipe;
+mod session;
+
+pub use backend::{ZkBackend, ZkStats};
+pub use config::{AclMode, ZkConfig};
+
+use lockcore::Locker;
+
+/// Connects to the ensemble that `url` describes (see [`config`]) and
+/// returns a [`Locker`] over it.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it creates no lock state.
+pub async fn connect(url: &str) -> lockcore::Result<Locker> {
+    let cfg = ZkConfig::parse(url)?;
+    Ok(Locker::new(ZkBackend::connect(cfg).await?))
+}
+
+/// The parent node whose children queue for lock `name` under `cfg`
+/// (chroot and prefix included).
+///
+/// ```
+/// let cfg = lockcore_zk::ZkConfig::parse("zk://h:2181/app").unwrap();
+/// assert_eq!(lockcore_zk::lock_parent(&cfg, "jobs/nightly"), "/app/lockcore/jobs%2Fnightly");
+/// ```
+pub fn lock_parent(cfg: &ZkConfig, name: &str) -> String {
+    backend::lock_parent(cfg, name)
+}

@@ -1,0 +1,266 @@
+//! One ZooKeeper session, its liveness, and the error mapping.
+//!
+//! Sessions are *detached*: when the last handle on a session goes, the
+//! connection is closed without a `closeSession`, so the server expires the
+//! session (and its ephemeral nodes) after the session timeout, exactly as
+//! when the process dies. Normal releases delete their nodes explicitly, so
+//! nothing but an empty session is ever left to expire.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use lockcore::{Error, ErrorKind, Result};
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use crate::config::{ZkConfig, NAME};
+
+/// Maps a client error to the lockcore error kind; `what` says what was tried.
+pub(crate) fn map_err(e: zk::Error, what: impl Into<String>) -> Error {
+    let what = what.into();
+    let (kind, hint) = match &e {
+        zk::Error::ConnectionLoss | zk::Error::NoHosts | zk::Error::Timeout => (
+            ErrorKind::Unavailable,
+            "no ZooKeeper server answered; check the hosts and that a quorum is up",
+        ),
+        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved => (
+            ErrorKind::Unavailable,
+            "the ZooKeeper session ended; the next attempt opens a new one",
+        ),
+        zk::Error::AuthFailed => (
+            ErrorKind::InvalidConfig,
+            "the server refused the digest credentials",
+        ),
+        zk::Error::NoAuth | zk::Error::InvalidAcl => (
+            ErrorKind::InvalidConfig,
+            "not authorized: check the credentials and the ACLs on the lock path",
+        ),
+        _ => (ErrorKind::Backend, "unexpected ZooKeeper error"),
+    };
+    Error::new(kind, NAME, format!("{what}: {e} ({hint})")).with_source(e)
+}
+
+/// Whether a client error says the session is over for good.
+pub(crate) fn is_session_end(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed
+    )
+}
+
+/// State shared with the monitor task.
+#[derive(Debug)]
+struct Shared {
+    client: Mutex<Option<zk::Client>>,
+    dead: CancellationToken,
+    reason: OnceLock<&'static str>,
+}
+
+impl Shared {
+    fn kill(&self, reason: &'static str) {
+        let _ = self.reason.set(reason);
+        // Dropping our handle closes the connection once in-flight requests
+        // are answered; the session is detached, so no closeSession is sent.
+        let client = self
+            .client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(client);
+        self.dead.cancel();
+    }
+}
+
+/// A live (or dead) ZooKeeper session.
+#[derive(Debug)]
+pub(crate) struct Session {
+    shared: Arc<Shared>,
+    /// The negotiated session timeout.
+    pub(crate) timeout: Duration,
+    /// The session id (owner of our ephemeral nodes).
+    pub(crate) id: i64,
+    state: zk::StateWatcher,
+    monitor: AbortHandle,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.monitor.abort();
+    }
+}
+
+impl Session {
+    /// Opens a session asking for `ttl` as its timeout.
+    pub(crate) async fn connect(cfg: &ZkConfig, ttl: Duration) -> Result<Arc<Session>> {
+        let requested = ttl.max(Duration::from_millis(1));
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(requested)
+            .with_connection_timeout(cfg.connection_timeout.min(requested * 2 / 5))
+            .with_detached()
+            .with_fail_eagerly();
+        if let Some((user, pass)) = &cfg.digest {
+            connector = connector.with_auth("digest", format!("{user}:{pass}").as_bytes());
+        }
+        let hosts = cfg.connect_string();
+        let client = match tokio::time::timeout(cfg.connect_timeout, connector.connect(&hosts))
+            .await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                return Err(map_err(
+                    e,
+                    format!("opening a ZooKeeper session with {hosts}"),
+                ))
+            }
+            Err(_) => {
+                return Err(Error::unavailable(
+                    NAME,
+                    format!(
+                        "opening a ZooKeeper session with {hosts}: no session within {:?} (connect_timeout_ms)",
+                        cfg.connect_timeout
+                    ),
+                ))
+            }
+        };
+        let timeout = client.session_timeout();
+        if timeout != requested {
+            tracing::warn!(
+                requested = ?requested,
+                negotiated = ?timeout,
+                "the lock ttl is outside the server's session timeout bounds (minSessionTimeout..maxSessionTimeout); the session, and so the lease, lives by the server's value"
+            );
+        }
+        let id = client.session_id().0;
+        let state = client.state_watcher();
+        let shared = Arc::new(Shared {
+            client: Mutex::new(Some(client)),
+            dead: CancellationToken::new(),
+            reason: OnceLock::new(),
+        });
+        // Lost after being disconnected for about the session timeout: the
+        // server may expire the session `timeout` after it last heard from
+        // us, which was up to one connection timeout before we noticed.
+        let conn_timeout = cfg.connection_timeout.min(timeout * 2 / 5);
+        let grace = timeout.saturating_sub(conn_timeout);
+        let monitor = tokio::spawn(monitor(shared.clone(), state.clone(), grace)).abort_handle();
+        tracing::debug!(
+            session = format_args!("{id:#x}"),
+            ?timeout,
+            "ZooKeeper session opened"
+        );
+        Ok(Arc::new(Session {
+            shared,
+            timeout,
+            id,
+            state,
+            monitor,
+        }))
+    }
+
+    /// A handle for one request, or `Unavailable` once the session ended.
+    pub(crate) fn client(&self) -> Result<zk::Client> {
+        self.shared
+            .client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| self.ended_error())
+    }
+
+    fn ended_error(&self) -> Error {
+        Error::unavailable(
+            NAME,
+            format!(
+                "the ZooKeeper session {:#x} ended: {}",
+                self.id,
+                self.reason().unwrap_or("closed")
+            ),
+        )
+    }
+
+    /// Why the session ended, once it did.
+    pub(crate) fn reason(&self) -> Option<&'static str> {
+        self.shared.reason.get().copied()
+    }
+
+    /// Whether the session ended (expired, closed, abandoned, or
+    /// disconnected for about its timeout).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.shared.dead.is_cancelled()
+    }
+
+    /// Resolves when the session ends.
+    pub(crate) fn dead(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.shared.dead.cancelled()
+    }
+
+    /// Ends the session without a goodbye (the server expires it).
+    pub(crate) fn kill(&self, reason: &'static str) {
+        self.shared.kill(reason);
+    }
+
+    /// Waits until the session is connected again, or fails once it ended.
+    pub(crate) async fn wait_connected(&self) -> Result<()> {
+        let mut w = self.state.clone();
+        loop {
+            if self.is_dead() {
+                return Err(self.ended_error());
+            }
+            match w.state() {
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    return Ok(())
+                }
+                s if s.is_terminated() => {
+                    self.shared.kill("the session expired or was closed");
+                    return Err(self.ended_error());
+                }
+                _ => {}
+            }
+            tokio::select! {
+                _ = w.changed() => {}
+                _ = self.dead() => {}
+            }
+        }
+    }
+
+    /// The validity of a lease proven alive by a request sent at `sent`:
+    /// `min(ttl, session timeout)` later, less a clock-drift allowance of
+    /// 1% + 2 ms.
+    pub(crate) fn valid_until(&self, sent: Instant, ttl: Duration) -> Instant {
+        let span = ttl.min(self.timeout);
+        sent + span.saturating_sub(span / 100 + Duration::from_millis(2))
+    }
+}
+
+async fn monitor(shared: Arc<Shared>, mut state: zk::StateWatcher, grace: Duration) {
+    let mut disconnected_at: Option<Instant> = None;
+    loop {
+        let current = state.state();
+        match current {
+            zk::SessionState::Disconnected => {
+                disconnected_at.get_or_insert_with(Instant::now);
+            }
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                disconnected_at = None;
+            }
+            zk::SessionState::Expired => return shared.kill("the session expired"),
+            zk::SessionState::AuthFailed => return shared.kill("authentication failed"),
+            zk::SessionState::Closed => return shared.kill("the session was closed"),
+        }
+        let give_up = disconnected_at.map(|t| t + grace);
+        tokio::select! {
+            _ = state.changed() => {}
+            _ = shared.dead.cancelled() => return,
+            _ = async {
+                match give_up {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::warn!(?grace, "disconnected from ZooKeeper for about the session timeout; the session's leases count as lost");
+                return shared.kill("disconnected for about the session timeout");
+            }
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! ZooKeeper-specific cases (servers from compose/, one case at a time since
+//! some stop or pause servers): no herd with 50 waiters, the ensemble's
+//! leader killed while a lock is held and others wait, a holder cut off for
+//! longer than its session, and interoperation with Curator's and kazoo's
+//! node layouts.
+
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lockcore::history::History;
+use lockcore::{ErrorKind, LockOptions, Locker};
+use lockcore_conformance::{compose, run_serial, Ctx, Harness, Target};
+use lockcore_zk::{ZkBackend, ZkConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use zookeeper_client as zk;
+
+const CHROOT: &str = "/lockcore-faults";
+
+#[derive(Debug)]
+struct Zk {
+    hosts: String,
+}
+
+#[async_trait]
+impl Harness for Zk {
+    async fn connect(&self) -> lockcore::Result<Locker> {
+        lockcore_zk::connect(&format!("zk://{}{CHROOT}", self.hosts)).await
+    }
+}
+
+fn cfg(ctx: &Ctx) -> ZkConfig {
+    ZkConfig::parse(&format!("zk://{}{CHROOT}", ctx.config)).expect("url")
+}
+
+async fn backend(ctx: &Ctx) -> Arc<ZkBackend> {
+    Arc::new(ZkBackend::connect(cfg(ctx)).await.expect("connect"))
+}
+
+async fn raw(ctx: &Ctx) -> zk::Client {
+    zk::Client::connect(&ctx.config).await.expect("raw client")
+}
+
+/// Runs a compose action again when dropped, also when the case fails.
+struct Undo(&'static str, &'static str);
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let script = std::env::var("LOCKTEST_COMPOSE").unwrap_or_default();
+        let _ = std::process::Command::new(&script)
+            .args([self.0, self.1])
+            .status();
+    }
+}
+
+/// Waits until `l` reports `n` waiters on `name`.
+async fn until_waiters(l: &Locker, name: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let w = l
+            .inspect(name)
+            .await
+            .expect("inspect")
+            .and_then(|i| i.waiters);
+        if w == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} waiters never queued (saw {w:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// 50 waiters on one name: each release wakes exactly one of them (one
+/// predecessor-watch notification per handoff), in arrival order.
+async fn fifty_waiters_one_wakeup_per_release(ctx: Ctx) {
+    const WAITERS: usize = 50;
+    const BACKENDS: usize = 5;
+    let name = ctx.name("herd");
+    let backends: Vec<Arc<ZkBackend>> = {
+        let mut v = Vec::new();
+        for _ in 0..BACKENDS {
+            v.push(backend(&ctx).await);
+        }
+        v
+    };
+    let events = || -> u64 { backends.iter().map(|b| b.stats().predecessor_events).sum() };
+    let holder = Locker::from_arc(backends[0].clone());
+    let g = holder.try_lock(&name).await.expect("try").expect("free");
+    let (acq_tx, mut acq_rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    let mut go = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let l = Locker::from_arc(backends[i % BACKENDS].clone());
+        let (tx, n) = (acq_tx.clone(), name.clone());
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        go.push(go_tx);
+        tasks.push(tokio::spawn(async move {
+            let g = l.lock(&n).await.expect("waiter acquires");
+            tx.send(i).expect("report");
+            go_rx.await.expect("told to release");
+            g.release().await.expect("waiter releases");
+        }));
+        until_waiters(&holder, &name, i + 1).await;
+    }
+    assert_eq!(events(), 0, "watch events before any release");
+    g.release().await.expect("holder releases");
+    for (i, go) in go.into_iter().enumerate() {
+        let got = tokio::time::timeout(Duration::from_secs(20), acq_rx.recv())
+            .await
+            .expect("a waiter acquires after each release")
+            .expect("channel");
+        assert_eq!(got, i, "served out of arrival order");
+        assert_eq!(
+            events(),
+            i as u64 + 1,
+            "handoff {i} cost more than one watch notification"
+        );
+        go.send(()).expect("waiter alive");
+    }
+    for t in tasks {
+        t.await.expect("waiter task");
+    }
+    // Give any stray notification time to land before the final count.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        events(),
+        WAITERS as u64,
+        "watch notifications for 50 handoffs"
+    );
+    println!("zk: 50 handoffs cost {} watch notifications", events());
+}
+
+async fn zk_mode(port: u16) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(b"srvr").await.ok()?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_string(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    out.lines()
+        .find_map(|l| l.strip_prefix("Mode: "))
+        .map(str::to_owned)
+}
+
+/// Kill the ensemble's leader while a lock is held and three clients wait:
+/// never two holders, and acquisition resumes once a new leader is elected.
+async fn leader_killed_while_held(ctx: Ctx) {
+    const SERVERS: [&str; 3] = ["zk-1", "zk-2", "zk-3"];
+    let ports: Vec<u16> = ctx
+        .config
+        .split(',')
+        .map(|h| h.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    let mut leader = None;
+    for (i, p) in ports.iter().enumerate() {
+        if zk_mode(*p).await.as_deref() == Some("leader") {
+            leader = Some(SERVERS[i]);
+        }
+    }
+    let leader = leader.expect("the ensemble has a leader");
+    let name = ctx.name("leader-kill");
+    // Sessions of 20 s outlive an election.
+    let opts = LockOptions::new().ttl(Duration::from_secs(20));
+    let holder = Locker::from_arc(backend(&ctx).await).with_defaults(opts);
+    let g = holder.try_lock(&name).await.expect("try").expect("free");
+    let history = History::new();
+    let inside = Arc::new(AtomicBool::new(false));
+    let first_after = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let l = Locker::from_arc(backend(&ctx).await).with_defaults(opts);
+        let (n, h, inside, first) = (
+            name.clone(),
+            history.clone(),
+            inside.clone(),
+            first_after.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let g = l
+                .lock_timeout(&n, Duration::from_secs(90))
+                .await
+                .expect("a waiter acquires after the election");
+            first.lock().unwrap().get_or_insert_with(Instant::now);
+            let id = h.acquired(&g);
+            assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            inside.store(false, Ordering::SeqCst);
+            h.ended(id, &g);
+            g.release().await.expect("release");
+        }));
+    }
+    until_waiters(&holder, &name, 3).await;
+    let id = history.acquired(&g);
+    inside.store(true, Ordering::SeqCst);
+    let _restart = Undo("start", leader);
+    let killed = Instant::now();
+    compose("kill", leader).await;
+    // The holder keeps its lease through the election, then releases.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        g.is_held(),
+        "the holder lost its lease: {:?}",
+        g.lost_reason()
+    );
+    inside.store(false, Ordering::SeqCst);
+    history.ended(id, &g);
+    match g.release().await {
+        Ok(()) => {}
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Lost, "{e}"),
+    }
+    for t in tasks {
+        t.await.expect("waiter task");
+    }
+    let resumed = first_after.lock().unwrap().expect("a waiter acquired") - killed;
+    history
+        .check()
+        .expect("no overlapping leases, tokens rising");
+    let mut new_leader = None;
+    for p in &ports {
+        if zk_mode(*p).await.as_deref() == Some("leader") {
+            new_leader = Some(*p);
+        }
+    }
+    println!(
+        "zk-ensemble: leader {leader} killed; first acquisition {resumed:?} later (new leader on port {new_leader:?})"
+    );
+    drop(_restart);
+}
+
+/// A holder whose server stops answering for longer than its session
+/// timeout: its lost signal fires (without waiting for the expiry report),
+/// the server expires its session, and the next waiter gets the lock, never
+/// before the holder's lost signal.
+async fn expired_session_fires_lost_and_next_waiter_gets_it(ctx: Ctx) {
+    let name = ctx.name("expiry");
+    let holder = Locker::from_arc(backend(&ctx).await)
+        .with_defaults(LockOptions::new().ttl(Duration::from_secs(2)));
+    let waiter = Locker::from_arc(backend(&ctx).await)
+        .with_defaults(LockOptions::new().ttl(Duration::from_secs(30)));
+    let g = holder.try_lock(&name).await.expect("try").expect("free");
+    let lost_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    {
+        let (lost, at) = (g.lost(), lost_at.clone());
+        tokio::spawn(async move {
+            lost.await;
+            *at.lock().unwrap() = Some(Instant::now());
+        });
+    }
+    let w = {
+        let n = name.clone();
+        tokio::spawn(async move {
+            let g = waiter
+                .lock_timeout(&n, Duration::from_secs(60))
+                .await
+                .expect("the waiter gets the lock");
+            (Instant::now(), g)
+        })
+    };
+    until_waiters(&holder, &name, 1).await;
+    let _resume = Undo("resume", "zk");
+    let paused = Instant::now();
+    compose("pause", "zk").await;
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost fires while cut off, before any expiry report");
+    let lost_after = paused.elapsed();
+    assert!(!g.is_held());
+    // Keep the server away past the 2 s session timeout, then bring it back:
+    // it expires the holder's session; the 30 s session of the waiter lives.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    compose("resume", "zk").await;
+    let (got_at, g2) = tokio::time::timeout(Duration::from_secs(30), w)
+        .await
+        .expect("the waiter acquires after the expiry")
+        .expect("waiter task");
+    let lost_at = lost_at.lock().unwrap().expect("lost recorded");
+    assert!(
+        lost_at <= got_at,
+        "the waiter acquired before the holder's lost signal"
+    );
+    assert!(g2.is_held());
+    let err = g.release().await.expect_err("release of an expired lease");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    g2.release().await.expect("release");
+    println!(
+        "zk: lost fired {lost_after:?} after the server stopped; the waiter acquired {:?} after the pause began",
+        got_at - paused
+    );
+}
+
+/// Nodes written as Curator's `InterProcessMutex` and kazoo's `Lock` write
+/// them make our acquire wait; ours make Curator's ordering wait.
+async fn curator_and_kazoo_nodes_are_contenders(ctx: Ctx) {
+    let cfg = cfg(&ctx);
+    let l = Locker::from_arc(backend(&ctx).await);
+    let raw = raw(&ctx).await;
+    let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    let eph = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    for (case, prefix) in [
+        ("curator", "_c_5f1e0c3a-2b7d-4e43-9a4e-1f2d3c4b5a69-lock-"),
+        ("kazoo", "8f14e45fceea167a5a36dedd4bea2543__lock__"),
+    ] {
+        let name = ctx.name(case);
+        let parent = lockcore_zk::lock_parent(&cfg, &name);
+        raw.mkdir(&parent, &dir).await.expect("parent");
+        let (_, seq) = raw
+            .create(&format!("{parent}/{prefix}"), b"10.0.0.7", &eph)
+            .await
+            .expect("foreign node");
+        let foreign = format!("{parent}/{prefix}{seq}");
+        assert!(
+            l.try_lock(&name).await.expect("try").is_none(),
+            "{case} node ignored"
+        );
+        let err = l
+            .lock_timeout(&name, Duration::from_millis(500))
+            .await
+            .expect_err("waits behind the foreign node");
+        assert_eq!(err.kind(), ErrorKind::Timeout);
+        let waiter = {
+            let (l, n) = (l.clone(), name.clone());
+            tokio::spawn(async move { l.lock(&n).await.expect("acquires after the foreign node") })
+        };
+        until_waiters(&l, &name, 1).await;
+        let deleted = Instant::now();
+        raw.delete(&foreign, None).await.expect("foreign release");
+        let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken by the foreign release")
+            .expect("task");
+        println!(
+            "zk: woken {:?} after the {case} node was deleted",
+            deleted.elapsed()
+        );
+        // Now we hold: a Curator contender arriving sorts after us.
+        let (_, seq2) = raw
+            .create(
+                &format!("{parent}/_c_00000000-0000-0000-0000-000000000000-lock-"),
+                b"",
+                &eph,
+            )
+            .await
+            .expect("curator contender");
+        let mut children = raw.list_children(&parent).await.expect("children");
+        // Curator's StandardLockInternalsDriver.fixForSorting: the part after "lock-".
+        children.sort_by_key(|c| match c.rfind("lock-") {
+            Some(i) => c[i + 5..].to_owned(),
+            None => c.clone(),
+        });
+        let curator_pos = children
+            .iter()
+            .position(|c| c.ends_with(&format!("{seq2}")))
+            .expect("listed");
+        assert_eq!(
+            curator_pos, 1,
+            "Curator would not wait behind us: {children:?}"
+        );
+        g.release().await.expect("release");
+        raw.delete(
+            &format!("{parent}/_c_00000000-0000-0000-0000-000000000000-lock-{seq2}"),
+            None,
+        )
+        .await
+        .expect("cleanup");
+    }
+}
+
+/// A ttl below the server's minSessionTimeout (2 s here) is raised, with an
+/// honest validity; one above maxSessionTimeout (60 s) is refused, naming it.
+async fn ttl_outside_server_bounds(ctx: Ctx) {
+    let b = backend(&ctx).await;
+    let l = Locker::from_arc(b.clone());
+    let name = ctx.name("bounds");
+    let t = Instant::now();
+    let g = l
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(1))
+                .wait(lockcore::Wait::Try),
+        )
+        .await
+        .expect("a 1 s ttl is raised to the server minimum")
+        .expect("free");
+    assert!(g.valid_until().expect("held") <= t + Duration::from_secs(1));
+    g.release().await.expect("release");
+    let err = l
+        .acquire(&name, &LockOptions::new().ttl(Duration::from_secs(120)))
+        .await
+        .expect_err("a 120 s ttl exceeds maxSessionTimeout");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(err.to_string().contains("60s"), "{err}");
+    assert!(l.try_lock(&name).await.expect("try").is_some());
+}
+
+fn main() -> std::process::ExitCode {
+    run_serial(vec![
+        Target::new("zk", Some("LOCKTEST_ZK"), |hosts| async move {
+            Ok(Arc::new(Zk { hosts }) as Arc<dyn Harness>)
+        })
+        .only_own_cases()
+        .case("fifty_waiters_one_wakeup_per_release", |ctx| {
+            Box::pin(fifty_waiters_one_wakeup_per_release(ctx))
+        })
+        .case("ttl_outside_server_bounds", |ctx| {
+            Box::pin(ttl_outside_server_bounds(ctx))
+        })
+        .case("curator_and_kazoo_nodes_are_contenders", |ctx| {
+            Box::pin(curator_and_kazoo_nodes_are_contenders(ctx))
+        })
+        .case(
+            "expired_session_fires_lost_and_next_waiter_gets_it",
+            |ctx| Box::pin(expired_session_fires_lost_and_next_waiter_gets_it(ctx)),
+        ),
+        Target::new(
+            "zk-ensemble",
+            Some("LOCKTEST_ZK_ENSEMBLE"),
+            |hosts| async move { Ok(Arc::new(Zk { hosts }) as Arc<dyn Harness>) },
+        )
+        .only_own_cases()
+        .case("leader_killed_while_held", |ctx| {
+            Box::pin(leader_killed_while_held(ctx))
+        }),
+    ])
+}
