@@ -18,6 +18,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use lockcore::address::{redact, ServerUrl};
 use lockcore::{Error, Result};
 
 pub(crate) const NAME: &str = "mysql";
@@ -114,57 +115,31 @@ impl MysqlConfig {
         let bad = |what: String| {
             Error::invalid_config(NAME, format!("in MySQL URL {}: {what}", redact(url)))
         };
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("missing scheme (expected mysql:// or mariadb://)".into()))?;
-        if !matches!(scheme, "mysql" | "mariadb") {
+        let u = ServerUrl::parse(url, 3306).map_err(&bad)?;
+        if !matches!(u.scheme.as_str(), "mysql" | "mariadb") {
             return Err(bad(format!(
-                "unknown scheme {scheme:?} (expected mysql:// or mariadb://)"
+                "unknown scheme {:?} (expected mysql:// or mariadb://)",
+                u.scheme
             )));
         }
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
+        let [host] = &u.hosts[..] else {
+            return Err(bad(
+                "one host only (a lock lives on one primary server)".into()
+            ));
         };
-        let (path, query) = match tail.split_once('?') {
-            Some((p, q)) => (p, q),
-            None => (tail, ""),
-        };
-        let (userinfo, hostport) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let dec = |s: &str| -> Result<String> {
-            let bytes = percent_decode(s)
-                .ok_or_else(|| bad("credentials are not percent-encoded correctly".into()))?;
-            String::from_utf8(bytes)
-                .map_err(|_| bad("credentials are not UTF-8 once decoded".into()))
-        };
-        let (user, password) = match userinfo {
-            None => (None, None),
-            Some(u) => {
-                let (user, pass) = match u.split_once(':') {
-                    Some((a, b)) => (a, Some(b)),
-                    None => (u, None),
-                };
-                (
-                    (!user.is_empty()).then(|| dec(user)).transpose()?,
-                    pass.map(dec).transpose()?,
-                )
-            }
-        };
-        let (host, port) = split_host_port(hostport).map_err(&bad)?;
-        let mut cfg = MysqlConfig::new(host, port);
-        cfg.user = user;
-        cfg.password = password;
-        let db = path.trim_start_matches('/');
-        if db.contains('/') {
-            return Err(bad(format!("database {db:?} must be one path segment")));
+        let mut cfg = MysqlConfig::new(host.host.clone(), host.port);
+        cfg.user = u.user.clone();
+        cfg.password = u.password.clone();
+        if u.path.contains('/') {
+            return Err(bad(format!(
+                "database {:?} must be one path segment",
+                u.path
+            )));
         }
-        if !db.is_empty() {
-            cfg.database = Some(dec(db)?);
+        if !u.path.is_empty() {
+            cfg.database = Some(u.path.clone());
         }
-        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        for (k, v) in &u.options {
             let ms = || -> Result<Duration> {
                 match v.parse::<u64>() {
                     Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
@@ -181,17 +156,17 @@ impl MysqlConfig {
                     ))),
                 }
             };
-            match &*k {
+            match k.as_str() {
                 "table" => {
-                    check_table(&v).map_err(|why| bad(format!("option table={v:?}: {why}")))?;
-                    cfg.table = v.into_owned();
+                    check_table(v).map_err(|why| bad(format!("option table={v:?}: {why}")))?;
+                    cfg.table = v.clone();
                 }
                 "pool_size" => cfg.pool_size = count()?,
                 "aux_pool_size" => cfg.aux_pool_size = count()?,
                 "connect_timeout_ms" => cfg.connect_timeout = ms()?,
                 "request_timeout_ms" => cfg.request_timeout = ms()?,
                 "ensure_schema" => {
-                    cfg.ensure_schema = match &*v {
+                    cfg.ensure_schema = match v.as_str() {
                         "true" | "1" => true,
                         "false" | "0" => false,
                         _ => {
@@ -227,61 +202,6 @@ pub(crate) fn check_table(table: &str) -> std::result::Result<(), &'static str> 
         return Err("a table name has only ASCII letters, digits, '_' and '$'");
     }
     Ok(())
-}
-
-fn percent_decode(s: &str) -> Option<Vec<u8>> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Some(out)
-}
-
-fn split_host_port(h: &str) -> std::result::Result<(String, u16), String> {
-    if h.is_empty() {
-        return Err("the host is empty".into());
-    }
-    if h.contains(',') {
-        return Err("one host only (a lock lives on one primary server)".into());
-    }
-    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or(format!("host {h:?} has an unclosed '['"))?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match h.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (h, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("host {h:?} has no name"));
-    }
-    let port = match port {
-        None => 3306,
-        Some(p) => p
-            .parse::<u16>()
-            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
-    };
-    Ok((host.to_owned(), port))
-}
-
-/// The URL with any credentials replaced, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

@@ -5,23 +5,15 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use lockcore::{ErrorKind, LockOptions, Locker, Wait};
-use lockcore_conformance::{run_serial, Ctx, Harness, Target};
+use lockcore::{ErrorKind, LockOptions, Wait};
+use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness};
 use lockcore_mysql::{MysqlBackend, MysqlConfig};
 use sqlx::{Connection, Row};
 
-#[derive(Debug)]
-struct Url(String);
-
-#[async_trait]
-impl Harness for Url {
-    async fn connect(&self) -> lockcore::Result<Locker> {
-        lockcore_mysql::connect(&self.0).await
-    }
+fn connect(url: String) -> ConnectFuture {
+    Box::pin(async move { lockcore_mysql::connect(&url).await })
 }
 
 fn with_opts(ctx: &Ctx, opts: &str) -> String {
@@ -250,7 +242,7 @@ fn main() -> std::process::ExitCode {
         |url| async move {
             // Creates the tables if needed.
             drop(lockcore_mysql::connect(&url).await?);
-            Ok(Arc::new(Url(url)) as Arc<dyn Harness>)
+            Ok(UrlHarness::shared(url, connect))
         },
     )
     .only_own_cases()

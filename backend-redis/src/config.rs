@@ -14,6 +14,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use lockcore::address::{redact, ServerUrl};
 use lockcore::{Error, Result};
 
 pub(crate) const NAME: &str = "redis";
@@ -124,58 +125,25 @@ impl RedisConfig {
         let bad = |what: String| {
             Error::invalid_config(NAME, format!("in Redis URL {}: {what}", redact(url)))
         };
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-            bad("missing scheme (expected redis://, redis+cluster:// or redlock://)".into())
-        })?;
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (path, query) = match tail.split_once('?') {
-            Some((p, q)) => (p, q),
-            None => (tail, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let (user, password) = match userinfo {
-            None => (None, None),
-            Some(u) => {
-                let (user, pass) = match u.split_once(':') {
-                    Some((a, b)) => (a, Some(b)),
-                    None => (u, None),
-                };
-                let dec = |s: &str| -> Result<String> {
-                    url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                        .next()
-                        .map(|(_, v)| v.into_owned())
-                        .ok_or_else(|| bad("credentials are not percent-encoded correctly".into()))
-                };
-                (
-                    (!user.is_empty()).then(|| dec(user)).transpose()?,
-                    pass.map(dec).transpose()?,
-                )
-            }
-        };
-        let db = match path.trim_matches('/') {
+        let u = ServerUrl::parse(url, 6379).map_err(&bad)?;
+        let db = match u.path.as_str() {
             "" => 0,
             d => d
                 .parse::<i64>()
                 .map_err(|_| bad(format!("database {d:?} is not a number")))?,
         };
-        let mut nodes = Vec::new();
-        for h in hosts.split(',') {
-            let (host, port) = split_host_port(h).map_err(&bad)?;
-            nodes.push(Node {
-                host,
-                port,
-                user: user.clone(),
-                password: password.clone(),
+        let mut nodes: Vec<Node> = u
+            .hosts
+            .iter()
+            .map(|h| Node {
+                host: h.host.clone(),
+                port: h.port,
+                user: u.user.clone(),
+                password: u.password.clone(),
                 db,
-            });
-        }
-        let topology = match scheme {
+            })
+            .collect();
+        let topology = match u.scheme.as_str() {
             "redis" if nodes.len() == 1 => Topology::Single(nodes.remove(0)),
             "redis" => {
                 return Err(bad(
@@ -204,14 +172,14 @@ impl RedisConfig {
         let mut cfg = RedisConfig::new(topology);
         let mut sync_count = None;
         let mut sync_timeout = Duration::from_millis(100);
-        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        for (k, v) in &u.options {
             let ms = || -> Result<Duration> {
                 v.parse::<u64>()
                     .map(Duration::from_millis)
                     .map_err(|_| bad(format!("option {k}={v:?} is not a number of milliseconds")))
             };
-            match &*k {
-                "prefix" => cfg.prefix = v.into_owned(),
+            match k.as_str() {
+                "prefix" => cfg.prefix = v.clone(),
                 "response_timeout_ms" => cfg.response_timeout = ms()?,
                 "connect_timeout_ms" => cfg.connect_timeout = ms()?,
                 "sync_timeout_ms" => sync_timeout = ms()?,
@@ -239,41 +207,6 @@ impl RedisConfig {
             });
         }
         Ok(cfg)
-    }
-}
-
-fn split_host_port(h: &str) -> std::result::Result<(String, u16), String> {
-    if h.is_empty() {
-        return Err("a host is empty".into());
-    }
-    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or(format!("host {h:?} has an unclosed '['"))?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match h.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (h, None),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("host {h:?} has no name"));
-    }
-    let port = match port {
-        None => 6379,
-        Some(p) => p
-            .parse::<u16>()
-            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
-    };
-    Ok((host.to_owned(), port))
-}
-
-/// The URL with any password replaced, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
     }
 }
 
@@ -305,6 +238,7 @@ mod tests {
     fn names_the_wrong_part() {
         for (url, needle) in [
             ("redis://h:notaport", "port \"notaport\""),
+            ("redis://h,", "a host is empty"),
             ("redis://h/x", "database \"x\""),
             ("redis://h?bogus=1", "unknown option \"bogus\""),
             ("redlock://a,b", "odd number"),

@@ -5,22 +5,12 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use lockcore::{ErrorKind, LockOptions, Locker, Wait};
-use lockcore_conformance::{compose, run_serial, Ctx, Harness, Target};
-
-#[derive(Debug)]
-struct Url(String);
-
-#[async_trait]
-impl Harness for Url {
-    async fn connect(&self) -> lockcore::Result<Locker> {
-        lockcore_redis::connect(&self.0).await
-    }
-}
+use lockcore::{ErrorKind, LockOptions, Wait};
+use lockcore_conformance::{
+    compose, run_serial, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness,
+};
 
 fn redlock_hosts() -> Vec<String> {
     std::env::var("LOCKTEST_REDLOCK_URLS")
@@ -48,26 +38,12 @@ async fn raw_get(host: &str, key: &str) -> Option<String> {
         .expect("GET")
 }
 
-/// Starts the named servers again when dropped, also when the case fails.
-struct Restart(Vec<&'static str>);
-
-impl Drop for Restart {
-    fn drop(&mut self) {
-        let script = std::env::var("LOCKTEST_COMPOSE").unwrap_or_default();
-        for s in &self.0 {
-            let _ = std::process::Command::new(&script)
-                .args(["start", s])
-                .status();
-        }
-    }
-}
-
 /// With two of five masters down RedLock still acquires; with three down it
 /// fails cleanly, leaving nothing held on the two that live.
 async fn redlock_majority_rules(ctx: Ctx) {
     let l = ctx.locker().await;
     let name = ctx.name("majority");
-    let _restart = Restart(vec!["redlock-3", "redlock-4", "redlock-5"]);
+    let _restart = UndoOnDrop::new("start", &["redlock-3", "redlock-4", "redlock-5"]);
     compose("kill", "redlock-4").await;
     compose("kill", "redlock-5").await;
     let g = l
@@ -116,7 +92,7 @@ async fn lost_after_restart_without_persistence(ctx: Ctx) {
         .await
         .expect("acquire")
         .expect("free");
-    let _restart = Restart(vec!["redlock-1"]);
+    let _restart = UndoOnDrop::new("start", &["redlock-1"]);
     compose("kill", "redlock-1").await;
     compose("start", "redlock-1").await;
     tokio::time::timeout(Duration::from_secs(3) + Duration::from_secs(5), g.lost())
@@ -141,16 +117,7 @@ async fn replica_sync_guard(ctx: Ctx) {
         .expect("free");
     g.release().await.expect("release");
 
-    struct Resume;
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            let script = std::env::var("LOCKTEST_COMPOSE").unwrap_or_default();
-            let _ = std::process::Command::new(&script)
-                .args(["resume", "redis-replica"])
-                .status();
-        }
-    }
-    let _resume = Resume;
+    let _resume = UndoOnDrop::new("resume", &["redis-replica"]);
     compose("pause", "redis-replica").await;
     let err = l
         .try_lock(&name)
@@ -166,6 +133,10 @@ async fn replica_sync_guard(ctx: Ctx) {
     );
 }
 
+fn connect(url: String) -> ConnectFuture {
+    Box::pin(async move { lockcore_redis::connect(&url).await })
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         Target::new(
@@ -176,7 +147,10 @@ fn main() -> std::process::ExitCode {
                     .split(',')
                     .map(|u| u.trim().trim_start_matches("redis://"))
                     .collect();
-                Ok(Arc::new(Url(format!("redlock://{}", hosts.join(",")))) as Arc<dyn Harness>)
+                Ok(UrlHarness::shared(
+                    format!("redlock://{}", hosts.join(",")),
+                    connect,
+                ))
             },
         )
         .only_own_cases()
@@ -189,7 +163,7 @@ fn main() -> std::process::ExitCode {
         Target::new(
             "redis-replica",
             Some("LOCKTEST_REDIS_REPLICATED_URL"),
-            |url| async move { Ok(Arc::new(Url(url)) as Arc<dyn Harness>) },
+            |url| async move { Ok(UrlHarness::shared(url, connect)) },
         )
         .only_own_cases()
         .case("replica_sync_guard", |ctx| {

@@ -26,6 +26,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use lockcore::address::{redact, ServerUrl};
 use lockcore::{Error, Result};
 
 pub(crate) const NAME: &str = "zookeeper";
@@ -112,67 +113,48 @@ impl ZkConfig {
         let bad = |what: String| {
             Error::invalid_config(NAME, format!("in ZooKeeper URL {}: {what}", redact(url)))
         };
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| bad("missing scheme (expected zk:// or zookeeper://)".into()))?;
-        if scheme != "zk" && scheme != "zookeeper" {
+        let u = ServerUrl::parse(url, 2181).map_err(&bad)?;
+        if u.scheme != "zk" && u.scheme != "zookeeper" {
             return Err(bad(format!(
-                "unknown scheme {scheme:?} (expected zk:// or zookeeper://)"
+                "unknown scheme {:?} (expected zk:// or zookeeper://)",
+                u.scheme
             )));
         }
-        let (authority, tail) = match rest.find(['/', '?']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (path, query) = match tail.split_once('?') {
-            Some((p, q)) => (p, q),
-            None => (tail, ""),
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let dec = |s: &str| -> Result<String> {
-            url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .ok_or_else(|| bad("credentials are not percent-encoded correctly".into()))
-        };
-        let digest = match userinfo {
-            None => None,
-            Some(u) => {
-                let (user, pass) = u.split_once(':').ok_or_else(|| {
-                    bad("credentials must be user:password (digest authentication)".into())
-                })?;
-                if user.is_empty() {
-                    return Err(bad("the digest user name is empty".into()));
-                }
-                Some((dec(user)?, dec(pass)?))
+        let digest = match (&u.user, &u.password) {
+            (None, None) => None,
+            (Some(user), Some(pass)) => Some((user.clone(), pass.clone())),
+            (None, Some(_)) => return Err(bad("the digest user name is empty".into())),
+            (Some(_), None) => {
+                return Err(bad(
+                    "credentials must be user:password (digest authentication)".into(),
+                ))
             }
         };
-        let mut list = Vec::new();
-        for h in hosts.split(',') {
-            list.push(split_host_port(h).map_err(&bad)?);
-        }
+        let list = u.hosts.iter().map(|h| h.to_string()).collect();
         let mut cfg = ZkConfig::new(list);
         cfg.digest = digest;
-        cfg.chroot = normalize_path(path).map_err(|e| bad(format!("chroot: {e}")))?;
-        for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        let chroot = if u.path.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", u.path)
+        };
+        cfg.chroot = normalize_path(&chroot).map_err(|e| bad(format!("chroot: {e}")))?;
+        for (k, v) in &u.options {
             let ms = || -> Result<Duration> {
                 v.parse::<u64>()
                     .map(Duration::from_millis)
                     .map_err(|_| bad(format!("option {k}={v:?} is not a number of milliseconds")))
             };
-            match &*k {
+            match k.as_str() {
                 "prefix" => {
-                    let p = normalize_path(&v).map_err(|e| bad(format!("prefix: {e}")))?;
+                    let p = normalize_path(v).map_err(|e| bad(format!("prefix: {e}")))?;
                     if p.is_empty() {
                         return Err(bad("prefix must not be the root".into()));
                     }
                     cfg.prefix = p;
                 }
                 "acl" => {
-                    cfg.acl = match &*v {
+                    cfg.acl = match v.as_str() {
                         "open" => AclMode::Open,
                         "creator" => AclMode::Creator,
                         "creator-read" => AclMode::CreatorRead,
@@ -222,41 +204,6 @@ fn normalize_path(p: &str) -> std::result::Result<String, String> {
         return Err(format!("{p:?} is under ZooKeeper's reserved /zookeeper"));
     }
     Ok(trimmed.to_owned())
-}
-
-fn split_host_port(h: &str) -> std::result::Result<String, String> {
-    if h.is_empty() {
-        return Err("a host is empty".into());
-    }
-    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or(format!("host {h:?} has an unclosed '['"))?;
-        (format!("[{host}]"), after.strip_prefix(':'))
-    } else {
-        match h.rsplit_once(':') {
-            Some((host, port)) => (host.to_owned(), Some(port)),
-            None => (h.to_owned(), None),
-        }
-    };
-    if host.is_empty() || host == "[]" {
-        return Err(format!("host {h:?} has no name"));
-    }
-    let port = match port {
-        None => 2181,
-        Some(p) => p
-            .parse::<u16>()
-            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
-    };
-    Ok(format!("{host}:{port}"))
-}
-
-/// The URL with any password replaced, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lockcore::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker};
-use lockcore_conformance::{compose, run_serial, Ctx, Harness, Target};
+use lockcore_conformance::{compose, run_serial, Ctx, Harness, Target, UndoOnDrop};
 use lockcore_zk::{ZkBackend, ZkConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client as zk;
@@ -43,18 +43,6 @@ async fn backend(ctx: &Ctx) -> Arc<ZkBackend> {
 
 async fn raw(ctx: &Ctx) -> zk::Client {
     zk::Client::connect(&ctx.config).await.expect("raw client")
-}
-
-/// Runs a compose action again when dropped, also when the case fails.
-struct Undo(&'static str, &'static str);
-
-impl Drop for Undo {
-    fn drop(&mut self) {
-        let script = std::env::var("LOCKTEST_COMPOSE").unwrap_or_default();
-        let _ = std::process::Command::new(&script)
-            .args([self.0, self.1])
-            .status();
-    }
 }
 
 /// Waits until `l` reports `n` waiters on `name`.
@@ -202,7 +190,7 @@ async fn leader_killed_while_held(ctx: Ctx) {
     until_waiters(&holder, &name, 3).await;
     let id = history.acquired(&g);
     inside.store(true, Ordering::SeqCst);
-    let _restart = Undo("start", leader);
+    let _restart = UndoOnDrop::new("start", &[leader]);
     let killed = Instant::now();
     compose("kill", leader).await;
     // The holder keeps its lease through the election, then releases.
@@ -267,7 +255,7 @@ async fn expired_session_fires_lost_and_next_waiter_gets_it(ctx: Ctx) {
         })
     };
     until_waiters(&holder, &name, 1).await;
-    let _resume = Undo("resume", "zk");
+    let _resume = UndoOnDrop::new("resume", &["zk"]);
     let paused = Instant::now();
     compose("pause", "zk").await;
     tokio::time::timeout(Duration::from_secs(10), g.lost())

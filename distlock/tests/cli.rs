@@ -7,12 +7,9 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use lockcore::Locker;
-use lockcore_conformance::{compose, run_serial, Ctx, Harness, Target};
+use lockcore_conformance::{compose, run_serial, Ctx, Target, UndoOnDrop, UrlHarness};
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_distlock");
@@ -55,16 +52,6 @@ fn spec(ctx: &Ctx) -> &'static Spec {
         .iter()
         .find(|s| ctx.namespace.ends_with(&format!("/{}", s.target)))
         .expect("a known target")
-}
-
-#[derive(Debug)]
-struct Backend(String);
-
-#[async_trait]
-impl Harness for Backend {
-    async fn connect(&self) -> lockcore::Result<Locker> {
-        distlock::connect(&self.0).await
-    }
 }
 
 fn distlock(ctx: &Ctx) -> Command {
@@ -242,16 +229,7 @@ async fn lost_lease_stops_the_command(ctx: Ctx) {
         .spawn()
         .unwrap();
     until_exists(&ready).await;
-    struct Resume(&'static str);
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            let script = std::env::var("LOCKTEST_COMPOSE").unwrap_or_default();
-            let _ = std::process::Command::new(script)
-                .args(["resume", self.0])
-                .status();
-        }
-    }
-    let resume = Resume(server);
+    let resume = UndoOnDrop::new("resume", &[server]);
     compose("pause", server).await;
     let st = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
     drop(resume);
@@ -265,7 +243,9 @@ fn main() -> std::process::ExitCode {
         .map(|s| {
             let to_url = s.url;
             Target::new(s.target, Some(s.env), move |cfg| async move {
-                Ok(Arc::new(Backend(to_url(&cfg))) as Arc<dyn Harness>)
+                Ok(UrlHarness::shared(to_url(&cfg), |u| {
+                    Box::pin(async move { distlock::connect(&u).await })
+                }))
             })
             .only_own_cases()
             .case("run_never_overlaps", |c| Box::pin(run_never_overlaps(c)))

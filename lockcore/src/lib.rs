@@ -34,6 +34,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod address;
 pub mod backend;
 pub mod capabilities;
 pub mod cleanup;

@@ -43,6 +43,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod cases;
+mod faults;
 mod runner;
 pub mod workload;
 
@@ -54,22 +55,7 @@ use lockcore::{Capabilities, Locker};
 
 pub use runner::{run, run_serial, Target};
 
-/// Stops, starts, pauses or resumes one server of `compose/local` (from
-/// `LOCKTEST_COMPOSE`), for fault-injection cases; panics with a clear message
-/// when that variable is unset or the command fails.
-pub async fn compose(action: &str, server: &str) {
-    let script = std::env::var("LOCKTEST_COMPOSE")
-        .unwrap_or_else(|_| panic!("fault cases need compose/local: LOCKTEST_COMPOSE is unset (eval \"$(compose/local env)\")"));
-    let status = tokio::process::Command::new(&script)
-        .args([action, server])
-        .status()
-        .await
-        .unwrap_or_else(|e| panic!("running {script} {action} {server}: {e}"));
-    assert!(
-        status.success(),
-        "{script} {action} {server} failed: {status}"
-    );
-}
+pub use faults::{compose, ConnectFn, ConnectFuture, UndoOnDrop, UrlHarness};
 
 /// How the suite reaches a backend: implemented once per backend, in its
 /// own `tests/`.

@@ -180,7 +180,7 @@ fn target_trials(
     let made = rt
         .block_on(async { tokio::time::timeout(SETUP_LIMIT, (target.make)(config.clone())).await });
     let var = target.env.as_deref().unwrap_or("(none)");
-    let shown = redact(&config);
+    let shown = lockcore::address::redact(&config);
     let harness = match made {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
@@ -240,16 +240,4 @@ fn target_trials(
             })
         })
         .collect()
-}
-
-/// `config` with the credentials of any `scheme://user:pass@` URL in it hidden.
-fn redact(config: &str) -> String {
-    config
-        .split(',')
-        .map(|part| match (part.find("://"), part.rfind('@')) {
-            (Some(s), Some(at)) if at > s => format!("{}://***@{}", &part[..s], &part[at + 1..]),
-            _ => part.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }

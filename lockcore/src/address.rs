@@ -1,0 +1,250 @@
+//! Server lists as lock URLs write them, parsed once for every backend.
+//!
+//! `scheme://[user[:password]@]host[:port][,host[:port]...][/path][?key=value&...]`
+//!
+//! Several hosts separated by commas (a cluster's seeds, an ensemble, a
+//! RedLock set) do not fit a standard URL parser, so backends parse their
+//! URLs here and turn the parts into their own settings. User, password,
+//! path and options are percent-decoded. [`redact`] hides credentials for
+//! messages.
+
+use std::fmt;
+
+/// One `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    /// Host name or address (IPv6 without brackets).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// A parsed lock URL. `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServerUrl {
+    /// The scheme, e.g. `redis+cluster`.
+    pub scheme: String,
+    /// The user, if any.
+    pub user: Option<String>,
+    /// The password, if any.
+    pub password: Option<String>,
+    /// The hosts, in order, at least one.
+    pub hosts: Vec<HostPort>,
+    /// The path without its leading `/` (a database, a chroot), decoded.
+    pub path: String,
+    /// The options, in order.
+    pub options: Vec<(String, String)>,
+}
+
+impl fmt::Debug for ServerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerUrl")
+            .field("scheme", &self.scheme)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("hosts", &self.hosts)
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl ServerUrl {
+    /// Parses `url`; hosts without a port get `default_port`. The error says
+    /// which part is wrong (and never contains the password).
+    ///
+    /// ```
+    /// use lockcore::address::ServerUrl;
+    ///
+    /// let u = ServerUrl::parse("zk://app:s%40cret@h1:2181,h2/locks?acl=creator", 2181).unwrap();
+    /// assert_eq!(u.hosts.len(), 2);
+    /// assert_eq!(u.hosts[1].port, 2181);
+    /// assert_eq!(u.password.as_deref(), Some("s@cret"));
+    /// assert_eq!(u.path, "locks");
+    /// assert_eq!(u.option("acl"), Some("creator"));
+    /// assert!(ServerUrl::parse("zk://h:99999", 2181).unwrap_err().contains("port \"99999\""));
+    /// ```
+    pub fn parse(url: &str, default_port: u16) -> Result<Self, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| "missing scheme (scheme://host:port)".to_owned())?;
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let decode = |part: &str, what: &str| {
+            percent_decode(part).ok_or_else(|| format!("{what} is not percent-encoded correctly"))
+        };
+        let (user, password) = match userinfo {
+            None => (None, None),
+            Some(u) => {
+                let (user, pass) = match u.split_once(':') {
+                    Some((a, b)) => (a, Some(b)),
+                    None => (u, None),
+                };
+                let user = (!user.is_empty())
+                    .then(|| decode(user, "the user"))
+                    .transpose()?;
+                (user, pass.map(|p| decode(p, "the password")).transpose()?)
+            }
+        };
+        let hosts = hosts
+            .split(',')
+            .map(|h| parse_host(h, default_port))
+            .collect::<Result<Vec<_>, _>>()?;
+        let path = decode(path.trim_start_matches('/'), "the path")?;
+        let mut options = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            options.push((decode(k, "an option name")?, decode(v, "an option value")?));
+        }
+        Ok(ServerUrl {
+            scheme: scheme.to_owned(),
+            user,
+            password,
+            hosts,
+            path,
+            options,
+        })
+    }
+
+    /// The last value of option `key`.
+    pub fn option(&self, key: &str) -> Option<&str> {
+        self.options
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn parse_host(h: &str, default_port: u16) -> Result<HostPort, String> {
+    if h.is_empty() {
+        return Err("a host is empty".into());
+    }
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or(format!("host {h:?} has an unclosed '['"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (h, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("host {h:?} has no name"));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p
+            .parse::<u16>()
+            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
+    };
+    Ok(HostPort {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// Decodes `%XX` escapes (and `+` as a space, as in query strings).
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                out.push(u8::from_str_radix(s.get(i + 1..i + 3)?, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `url` with the credentials of every `scheme://user:password@` in it
+/// replaced by `***`, for messages and logs. Comma-separated lists of URLs
+/// are redacted one by one.
+///
+/// ```
+/// assert_eq!(lockcore::address::redact("mysql://u:p@h/db"), "mysql://***@h/db");
+/// assert_eq!(lockcore::address::redact("redis://h:1"), "redis://h:1");
+/// ```
+pub fn redact(url: &str) -> String {
+    url.split(',')
+        .map(|part| match (part.find("://"), part.rfind('@')) {
+            (Some(s), Some(at)) if at > s => format!("{}://***@{}", &part[..s], &part[at + 1..]),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_part() {
+        let u = ServerUrl::parse(
+            "redis+cluster://us%20er:p%3Aw@[::1]:7000,b:7001,c/3?prefix=x%3A&t=5",
+            6379,
+        )
+        .unwrap();
+        assert_eq!(u.scheme, "redis+cluster");
+        assert_eq!(u.user.as_deref(), Some("us er"));
+        assert_eq!(u.password.as_deref(), Some("p:w"));
+        assert_eq!(
+            u.hosts[0],
+            HostPort {
+                host: "::1".into(),
+                port: 7000
+            }
+        );
+        assert_eq!(u.hosts[0].to_string(), "[::1]:7000");
+        assert_eq!(u.hosts[2].port, 6379);
+        assert_eq!(u.path, "3");
+        assert_eq!(u.option("prefix"), Some("x:"));
+        assert!(!format!("{u:?}").contains("p:w"));
+    }
+
+    #[test]
+    fn names_the_wrong_part() {
+        for (url, needle) in [
+            ("h:1", "missing scheme"),
+            ("x://a,,b", "a host is empty"),
+            ("x://:1", "has no name"),
+            ("x://h:port", "port \"port\""),
+            ("x://[::1:5", "unclosed"),
+            ("x://u:%zz@h", "password"),
+        ] {
+            let e = ServerUrl::parse(url, 1).unwrap_err();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+    }
+}
