@@ -17,6 +17,7 @@
 //! |---|---|---|
 //! | `memory://[name]` | in-process ([`lockcore::memory`]) | always on |
 //! | `zk://h1:2181,h2:2181[/chroot]`, `zookeeper://...` | ZooKeeper (`lockcore-zk`) | `zk` |
+//! | `etcd://h1:2379,h2:2379`, `etcds://...` | etcd (`lockcore-etcd`) | `etcd` |
 //! | `mysql://user:pass@host/db`, `mariadb://...` | MySQL 8 / MariaDB (`lockcore-mysql`) | `mysql` |
 //! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
 //!
@@ -70,6 +71,10 @@ pub async fn connect(url: &str) -> Result<Locker> {
     #[cfg(feature = "zk")]
     if matches!(scheme, "zk" | "zookeeper") {
         return lockcore_zk::connect(url).await;
+    }
+    #[cfg(feature = "etcd")]
+    if matches!(scheme, "etcd" | "etcds") {
+        return lockcore_etcd::connect(url).await;
     }
     #[cfg(feature = "mysql")]
     if matches!(scheme, "mysql" | "mariadb") {

@@ -38,6 +38,13 @@ const SPECS: &[Spec] = &[
         server: "zk",
         url: |v| format!("zk://{v}"),
     },
+    #[cfg(feature = "etcd")]
+    Spec {
+        target: "cli-etcd",
+        env: "LOCKTEST_ETCD",
+        server: "etcd",
+        url: |v| v.replace("http://", "etcd://"),
+    },
     #[cfg(feature = "mysql")]
     Spec {
         target: "cli-mysql",

@@ -155,7 +155,9 @@ fn parse_host(h: &str, default_port: u16) -> Result<HostPort, String> {
         None => default_port,
         Some(p) => p
             .parse::<u16>()
-            .map_err(|_| format!("port {p:?} of host {host:?} is not a port number"))?,
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("port {p:?} of host {host:?} is not a port number"))?,
     };
     Ok(HostPort {
         host: host.to_owned(),
@@ -187,22 +189,49 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// `url` with the credentials of every `scheme://user:password@` in it
-/// replaced by `***`, for messages and logs. Comma-separated lists of URLs
-/// are redacted one by one.
+/// `url` with its secrets replaced by `***`, for messages and logs: the
+/// credentials of every `scheme://user:password@` in it (comma-separated
+/// lists of URLs are redacted one by one), and the values of options whose
+/// name says password or secret.
 ///
 /// ```
-/// assert_eq!(lockcore::address::redact("mysql://u:p@h/db"), "mysql://***@h/db");
-/// assert_eq!(lockcore::address::redact("redis://h:1"), "redis://h:1");
+/// use lockcore::address::redact;
+///
+/// assert_eq!(redact("mysql://u:p@h/db"), "mysql://***@h/db");
+/// assert_eq!(redact("etcd://h?user=u&password=p"), "etcd://h?user=u&password=***");
+/// assert_eq!(redact("redis://h:1"), "redis://h:1");
 /// ```
 pub fn redact(url: &str) -> String {
-    url.split(',')
+    let (main, query) = match url.split_once('?') {
+        Some((m, q)) => (m, Some(q)),
+        None => (url, None),
+    };
+    let mut out = main
+        .split(',')
         .map(|part| match (part.find("://"), part.rfind('@')) {
             (Some(s), Some(at)) if at > s => format!("{}://***@{}", &part[..s], &part[at + 1..]),
             _ => part.to_owned(),
         })
         .collect::<Vec<_>>()
-        .join(",")
+        .join(",");
+    if let Some(q) = query {
+        let opts: Vec<String> = q
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _))
+                    if ["pass", "pwd", "secret"]
+                        .iter()
+                        .any(|w| k.to_ascii_lowercase().contains(w)) =>
+                {
+                    format!("{k}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&opts.join("&"));
+    }
+    out
 }
 
 #[cfg(test)]

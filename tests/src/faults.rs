@@ -47,15 +47,15 @@ pub async fn compose(action: &str, server: &str) {
 #[must_use = "the fault is undone when this is dropped"]
 pub struct UndoOnDrop {
     action: &'static str,
-    servers: Vec<&'static str>,
+    servers: Vec<String>,
 }
 
 impl UndoOnDrop {
     /// Undo with `action` (`start`, `resume`) on `servers`.
-    pub fn new(action: &'static str, servers: &[&'static str]) -> Self {
+    pub fn new(action: &'static str, servers: &[&str]) -> Self {
         UndoOnDrop {
             action,
-            servers: servers.to_vec(),
+            servers: servers.iter().map(|s| (*s).to_owned()).collect(),
         }
     }
 }

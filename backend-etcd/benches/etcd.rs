@@ -1,0 +1,251 @@
+//! etcd backend figures, each beside the server's floor for the same round
+//! trips made with the raw client, in one run on one server:
+//!
+//! - acquire+release pairs/s, one task (lease grant, create txn, delete txn;
+//!   the lease revoke goes in the background in both);
+//! - the same with 64 tasks on distinct names;
+//! - contended handoff latency (release → next waiter holds) with 8 waiters,
+//!   p50/p99; floor: delete txn → watch event → one read txn.
+//!
+//! `cargo bench -p lockcore-etcd --bench etcd` with `LOCKTEST_ETCD` set
+//! (`BENCH_SECS` per figure, default 3).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, WatchOptions,
+};
+use lockcore::{LockOptions, Locker, Wait};
+
+fn secs() -> Duration {
+    let s = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    Duration::from_secs_f64(s)
+}
+
+/// The round trips of one acquire+release, with the raw client.
+async fn raw_pair(c: &mut Client, range: &str, id: i64) {
+    let mut lc = c.lease_client();
+    lc.grant(10, Some(etcd_client::LeaseGrantOptions::new().with_id(id)))
+        .await
+        .expect("grant");
+    let key = format!("{range}{id:x}");
+    let first = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+        .with_keys_only();
+    let r = c
+        .txn(
+            Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(id))),
+                    TxnOp::get(range, Some(first)),
+                ]),
+        )
+        .await
+        .expect("txn");
+    let rev = r.header().expect("header").revision();
+    c.txn(
+        Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(key, None)]),
+    )
+    .await
+    .expect("delete");
+    tokio::spawn(async move {
+        let _ = lc.revoke(id).await;
+    });
+}
+
+fn lease_id() -> i64 {
+    (lockcore::OwnerToken::random().as_u128() as u64 >> 1).max(1) as i64
+}
+
+async fn pairs_per_sec_lock(lockers: Vec<Locker>, ns: &str, d: Duration) -> f64 {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, l) in lockers.into_iter().enumerate() {
+        let name = format!("{ns}/pairs/{i}");
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            let opts = LockOptions::new()
+                .ttl(Duration::from_secs(10))
+                .wait(Wait::Try);
+            while start.elapsed() < d {
+                let g = l
+                    .acquire(&name, &opts)
+                    .await
+                    .expect("acquire")
+                    .expect("free");
+                g.release().await.expect("release");
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("task");
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn pairs_per_sec_raw(c: &Client, tasks_n: usize, ns: &str, d: Duration) -> f64 {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..tasks_n {
+        let range = format!("lockcore/{ns}%2Fraw%2F{i}/");
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < d {
+                raw_pair(&mut c, &range, lease_id()).await;
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("task");
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+/// Handoff latency with `waiters` clients looping on one name.
+async fn handoff_lock(url: &str, ns: &str, waiters: usize, d: Duration) -> Vec<Duration> {
+    let name = format!("{ns}/handoff");
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..waiters + 1 {
+        let l = lockcore_etcd::connect(url).await.expect("connect");
+        let (name, released_at, samples) = (name.clone(), released_at.clone(), samples.clone());
+        tasks.push(tokio::spawn(async move {
+            let opts = LockOptions::new().ttl(Duration::from_secs(10));
+            while start.elapsed() < d {
+                let g = l.acquire(&name, &opts).await.expect("lock").expect("waits");
+                if let Some(t) = released_at.lock().unwrap().take() {
+                    samples.lock().unwrap().push(t.elapsed());
+                }
+                *released_at.lock().unwrap() = Some(Instant::now());
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let v = samples.lock().unwrap().clone();
+    v
+}
+
+/// Floor: delete a key a watcher waits on; the watcher reads once.
+async fn handoff_raw(c: &Client, ns: &str, d: Duration) -> Vec<Duration> {
+    let key = format!("lockcore/{ns}%2Fraw-handoff/k");
+    let mut out = Vec::new();
+    let start = Instant::now();
+    let mut c = c.clone();
+    while start.elapsed() < d {
+        let put = c.put(key.clone(), "", None).await.expect("put");
+        let rev = put.header().expect("header").revision();
+        let mut ws = c
+            .watch(
+                key.clone(),
+                Some(WatchOptions::new().with_start_revision(rev + 1)),
+            )
+            .await
+            .expect("watch");
+        let created = ws.message().await.expect("created").expect("msg");
+        assert!(created.created());
+        let mut waiter = c.clone();
+        let k2 = key.clone();
+        let w = tokio::spawn(async move {
+            loop {
+                let m = ws.message().await.expect("watch").expect("msg");
+                if m.events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    break;
+                }
+            }
+            waiter
+                .txn(Txn::new().and_then([TxnOp::get(k2, None)]))
+                .await
+                .expect("read");
+            Instant::now()
+        });
+        let t0 = Instant::now();
+        c.txn(
+            Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+                .and_then([TxnOp::delete(key.clone(), None)]),
+        )
+        .await
+        .expect("delete");
+        out.push(w.await.expect("waiter").duration_since(t0));
+    }
+    out
+}
+
+fn main() {
+    let Ok(url) = std::env::var("LOCKTEST_ETCD") else {
+        eprintln!("LOCKTEST_ETCD is unset: start compose/ and eval \"$(compose/local env)\"");
+        std::process::exit(2);
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let d = secs();
+        let ns = format!("bench-{:08x}", rand_u32());
+        let raw = Client::connect([url.as_str()], None).await.expect("raw");
+        let l = lockcore_etcd::connect(&url).await.expect("connect");
+        println!("etcd at {url}, {d:?} per figure");
+
+        let one = pairs_per_sec_lock(vec![l.clone()], &ns, d).await;
+        let one_raw = pairs_per_sec_raw(&raw, 1, &ns, d).await;
+        println!("acquire+release, 1 task:    {one:8.0} pairs/s   (raw floor {one_raw:8.0}/s, {:.0}%)", 100.0 * one / one_raw);
+
+        let many = pairs_per_sec_lock((0..64).map(|_| l.clone()).collect(), &ns, d).await;
+        let many_raw = pairs_per_sec_raw(&raw, 64, &ns, d).await;
+        println!("acquire+release, 64 tasks:  {many:8.0} pairs/s   (raw floor {many_raw:8.0}/s, {:.0}%)", 100.0 * many / many_raw);
+
+        let mut h = handoff_lock(&url, &ns, 8, d).await;
+        let mut hr = handoff_raw(&raw, &ns, d).await;
+        println!(
+            "handoff, 8 waiters: p50 {:?} p99 {:?} ({} handoffs)   (raw floor p50 {:?} p99 {:?}, {} samples)",
+            pct(&mut h, 0.5),
+            pct(&mut h, 0.99),
+            h.len(),
+            pct(&mut hr, 0.5),
+            pct(&mut hr, 0.99),
+            hr.len()
+        );
+        let _ = raw
+            .clone()
+            .delete(format!("lockcore/{ns}"), Some(etcd_client::DeleteOptions::new().with_prefix()))
+            .await;
+    });
+}
+
+fn rand_u32() -> u32 {
+    (lockcore::OwnerToken::random().as_u128() & 0xffff_ffff) as u32
+}

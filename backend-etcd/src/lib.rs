@@ -1,0 +1,104 @@
+//! etcd backend for [`lockcore`]: leases, locks ordered by create revision,
+//! interoperable with `etcdctl lock` and Go's `concurrency.Mutex`.
+//!
+//! **Keys.** A lock name `N` maps to the key range `<prefix>/<seg>/`, where
+//! `<seg>` is [`encode_segment`](lockcore::name::encode_segment)`(N)` (ASCII
+//! letters, digits and `-_~.` stay, every other byte becomes `%XX`, so `a/b`
+//! is `a%2Fb`) and `<prefix>` is `lockcore` by default (`?prefix=` sets it;
+//! empty is allowed). Each acquisition puts the key
+//! `<prefix>/<seg>/<lease id in lowercase hex>`, attached to its lease, in a
+//! transaction only if its create revision is 0. The holder is the key with
+//! the smallest create revision in the range; a waiter watches only the
+//! deletion of the key just before its own (read, then watch from the read's
+//! revision + 1; a compacted watch is read again). Since the encoded name
+//! never contains `/`, the ranges of `a` and `a/b` (`lockcore/a/` and
+//! `lockcore/a%2Fb/`) never overlap.
+//!
+//! This is the layout of etcd's own `concurrency.Mutex`, which `etcdctl lock
+//! <pfx>` uses with `<pfx>` as its prefix. So `etcdctl lock lockcore/<seg>`
+//! (for a plain name, `etcdctl lock lockcore/N`), or a Go service calling
+//! `concurrency.NewMutex(session, "lockcore/<seg>")`, excludes and is
+//! excluded by this backend; with `?prefix=` empty, `etcdctl lock N` does.
+//! [`lock_range`] gives the string to pass.
+//!
+//! **Leases.** Every acquisition has its own etcd lease, granted with the
+//! lock's ttl (rounded up to whole seconds; the server may raise it to its
+//! minimum, about 1.5 × the election timeout, which only lengthens how long
+//! a dead holder's key lives). While the acquisition waits, the waiting
+//! future renews its lease at ttl/3; once granted, the guard's watchdog
+//! renews it at ttl/3 with one keepalive and one read of the key. The lost
+//! signal fires when a keepalive answers ttl 0, when the key is gone, or when
+//! the validity deadline (send time of the last successful renewal + ttl)
+//! passes because the server could not be reached.
+//!
+//! A lease per lock rather than one per handle: lockcore's ttl is chosen per
+//! acquisition, locks without renewal must end after their own ttl, two
+//! owners on one handle must get distinct keys (the key holds the lease id),
+//! and [`abandon`](lockcore::LockGuard::abandon) must let exactly one lock's
+//! lease lapse. With one shared lease, its death would lose every lock of the
+//! handle at once, and a new lease would be needed for later acquisitions.
+//!
+//! **Promises.** Strict fencing: the token is the key's create revision,
+//! which rises with every write to the cluster, so successive holders of a
+//! name get strictly larger tokens. Fair: waiters are served in arrival
+//! order (create revision), and each watches only its predecessor (no
+//! herd). A `try` on a held name returns `Ok(None)` after one transaction and
+//! removes its key (by revoking its lease). A dropped acquisition revokes its
+//! lease, so nothing stays queued or held even if the grant had already
+//! happened on the server. A cut-off key creation is
+//! [`Indeterminate`](lockcore::ErrorKind::Indeterminate) (its lease is being
+//! revoked).
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! let locker = lockcore_etcd::connect("etcd://127.0.0.1:2379,127.0.0.1:22379").await?;
+//! // key "lockcore/jobs%2Fnightly/<lease hex>"; etcdctl: `etcdctl lock lockcore/jobs%2Fnightly`
+//! let guard = locker.lock("jobs/nightly").await?;
+//! println!("fencing token {:?}", guard.fence());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+pub mod config;
+
+pub use backend::EtcdBackend;
+pub use config::{EtcdConfig, DEFAULT_PREFIX};
+
+use lockcore::Locker;
+
+/// The backend's short name in errors and logs.
+pub(crate) const BACKEND: &str = "etcd";
+
+/// Connects to the etcd members that `url` names (see [`config`]) and
+/// returns a [`Locker`] over them.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it creates no lock state.
+pub async fn connect(url: &str) -> lockcore::Result<Locker> {
+    connect_config(EtcdConfig::parse(url)?).await
+}
+
+/// Like [`connect`], from parsed settings.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it creates no lock state.
+pub async fn connect_config(cfg: EtcdConfig) -> lockcore::Result<Locker> {
+    Ok(Locker::new(EtcdBackend::connect(cfg).await?))
+}
+
+/// The key range of lock `name` under `prefix`, ending in `/`: the lock's
+/// keys are this plus a lease id in hex. Without the trailing `/` it is the
+/// argument that `etcdctl lock` (or `concurrency.NewMutex`) needs to take the
+/// same lock.
+///
+/// ```
+/// assert_eq!(lockcore_etcd::lock_range("lockcore", "jobs/nightly"), "lockcore/jobs%2Fnightly/");
+/// assert_eq!(lockcore_etcd::lock_range("", "plain"), "plain/");
+/// ```
+pub fn lock_range(prefix: &str, name: &str) -> String {
+    backend::range_of(prefix.trim_end_matches('/'), name)
+}

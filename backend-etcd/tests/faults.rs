@@ -1,0 +1,372 @@
+//! etcd-specific faults (servers from compose/, one case at a time since
+//! some stop servers): the cluster's leader killed under contention, a
+//! stalled holder, a compaction during a long wait, and interoperation with
+//! `etcdctl lock`.
+
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{CompactionOptions, GetOptions};
+use lockcore::history::History;
+use lockcore::{ErrorKind, LockOptions, Locker, Wait};
+use lockcore_conformance::{
+    compose, run_serial, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness,
+};
+use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn connect(url: String) -> ConnectFuture {
+    Box::pin(async move { lockcore_etcd::connect(&url).await })
+}
+
+async fn backend(ctx: &Ctx) -> EtcdBackend {
+    EtcdBackend::connect(EtcdConfig::parse(&ctx.config).expect("config"))
+        .await
+        .expect("connect")
+}
+
+/// Polls `f` every 20 ms until it is true, failing after `within`.
+async fn until<F, Fut>(what: &str, within: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + within;
+    while !f().await {
+        assert!(Instant::now() < end, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn waiters(l: &Locker, name: &str) -> usize {
+    l.inspect(name)
+        .await
+        .expect("inspect")
+        .and_then(|i| i.waiters)
+        .unwrap_or(0)
+}
+
+/// The index (0-based, in `LOCKTEST_ETCD_CLUSTER` order) of the leader.
+async fn leader(endpoints: &[String]) -> usize {
+    for (i, ep) in endpoints.iter().enumerate() {
+        let Ok(mut c) = etcd_client::Client::connect([ep.as_str()], None).await else {
+            continue;
+        };
+        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await {
+            if s.header().map(|h| h.member_id()) == Some(s.leader()) {
+                return i;
+            }
+        }
+    }
+    panic!("no member of {endpoints:?} says it is the leader");
+}
+
+/// The leader is killed while a lock is held and three clients wait: never
+/// two holders, tokens keep rising, and every waiter gets the lock.
+async fn leader_killed_under_contention(ctx: Ctx) {
+    const WAITERS: usize = 3;
+    let endpoints: Vec<String> = ctx.config.split(',').map(|s| s.trim().to_owned()).collect();
+    let name = ctx.name("leader-kill");
+    let ttl = Duration::from_secs(5);
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .wait(Wait::For(Duration::from_secs(60)));
+    let holder = ctx.locker().await;
+    let g = holder
+        .acquire(&name, &opts.wait(Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let history = History::new();
+    let first = history.acquired(&g);
+    let inside = Arc::new(AtomicBool::new(true));
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let l = ctx.locker().await;
+        let (name, history, inside) = (name.clone(), history.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l
+                .acquire(&name, &opts)
+                .await
+                .expect("a waiter acquires after the failover")
+                .expect("waits");
+            let at = Instant::now();
+            let id = history.acquired(&g);
+            assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            inside.store(false, Ordering::SeqCst);
+            history.ended(id, &g);
+            let _ = g.release().await;
+            at
+        }));
+    }
+    until("waiters queued", Duration::from_secs(20), || async {
+        waiters(&holder, &name).await >= WAITERS
+    })
+    .await;
+
+    let dead = leader(&endpoints).await;
+    let server = format!("etcd-{}", dead + 1);
+    let _restart = UndoOnDrop::new("start", &[server.as_str()]);
+    compose("kill", &server).await;
+    let killed = Instant::now();
+    inside.store(false, Ordering::SeqCst);
+    history.ended(first, &g);
+    // The holder's release may find no leader yet; its lease then ends by
+    // its ttl, which the waiters outwait.
+    let released = g.release().await;
+    let mut got = Vec::new();
+    for t in tasks {
+        let at = tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("waiters finish within 60 s")
+            .expect("waiter task");
+        got.push(at.duration_since(killed));
+    }
+    got.sort();
+    let summary = history.check().expect("no overlap, rising tokens");
+    assert_eq!(summary.leases, WAITERS + 1);
+    eprintln!(
+        "leader {server} killed: holder release {}; first waiter acquired {:?} after the kill, all {WAITERS} by {:?}",
+        match &released {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => format!("failed ({e}); the lease is revoked in the background"),
+        },
+        got[0],
+        got[WAITERS - 1]
+    );
+    assert!(
+        got[0] < ttl + Duration::from_secs(15),
+        "acquisition resumed only after {:?}",
+        got[0]
+    );
+}
+
+/// A holder whose renewals stall loses its lease after the ttl: its lost
+/// signal fires, and the waiter gets the lock only then, with a larger token.
+async fn stalled_holder_loses_lease(ctx: Ctx) {
+    let b = backend(&ctx).await;
+    let a = Locker::new(b.clone());
+    let name = ctx.name("stalled");
+    let ttl = Duration::from_secs(2);
+    let g = a
+        .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let fence1 = g.fence().expect("fence");
+    let other = ctx.locker().await;
+    let waiter = {
+        let (other, name) = (other.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = other
+                .lock_timeout(&name, Duration::from_secs(30))
+                .await
+                .expect("the waiter gets the lock after the ttl");
+            (Instant::now(), g)
+        })
+    };
+    until("waiter queued", Duration::from_secs(20), || async {
+        waiters(&other, &name).await == 1
+    })
+    .await;
+    b.pause_renewals(true);
+    let paused = Instant::now();
+    tokio::time::timeout(ttl + Duration::from_secs(5), g.lost())
+        .await
+        .expect("the lost signal fires once the ttl ran out");
+    let lost_at = Instant::now();
+    assert!(!g.is_held());
+    assert!(
+        lost_at.duration_since(paused) <= ttl + Duration::from_secs(1),
+        "lost fired {:?} after renewals stalled (ttl {ttl:?})",
+        lost_at.duration_since(paused)
+    );
+    let (got_at, g2) = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("waiter in time")
+        .expect("waiter task");
+    assert!(
+        got_at >= lost_at,
+        "the waiter got the lock before the holder's lost signal"
+    );
+    let fence2 = g2.fence().expect("fence");
+    assert!(fence2 > fence1, "token {fence2} after {fence1}");
+    b.pause_renewals(false);
+    let err = g.release().await.expect_err("release of a lost lease");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    assert!(
+        g2.is_held(),
+        "the stalled holder's release freed the new holder"
+    );
+    g2.release().await.expect("release");
+}
+
+/// A compaction overtakes a waiter's predecessor watch: the waiter reads
+/// again, and still wakes promptly when the holder releases.
+async fn compaction_during_long_wait(ctx: Ctx) {
+    let a = ctx.locker().await;
+    let wb = backend(&ctx).await;
+    let w = Locker::new(wb.clone());
+    let name = ctx.name("compaction");
+    let g = a
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(10))
+                .wait(Wait::Try),
+        )
+        .await
+        .expect("acquire")
+        .expect("free");
+    wb.delay_watches(Duration::from_millis(1500));
+    let waiter = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let g = w.lock(&name).await.expect("the waiter acquires");
+            let at = Instant::now();
+            g.release().await.expect("release");
+            at
+        })
+    };
+    until("waiter queued", Duration::from_secs(20), || async {
+        waiters(&a, &name).await == 1
+    })
+    .await;
+    let mut raw = wb.client().clone();
+    let filler = format!("{}/filler", ctx.namespace);
+    let end = Instant::now() + Duration::from_secs(20);
+    while wb.compacted_watches() == 0 {
+        assert!(
+            Instant::now() < end,
+            "no predecessor watch met a compaction"
+        );
+        let put = raw.put(filler.clone(), "x", None).await.expect("put");
+        let rev = put.header().expect("header").revision();
+        match raw
+            .compact(rev, Some(CompactionOptions::new().with_physical()))
+            .await
+        {
+            Ok(_) => {}
+            // Another compaction got there first.
+            Err(e) if e.to_string().contains("compacted") => {}
+            Err(e) => panic!("compact: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wb.delay_watches(Duration::ZERO);
+    assert!(g.is_held());
+    let released = Instant::now();
+    g.release().await.expect("release");
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the wake-up was not lost")
+        .expect("waiter task");
+    let wake = got.saturating_duration_since(released);
+    // At most one watch delay (1.5 s) that was already running, plus slack.
+    assert!(
+        wake < Duration::from_secs(4),
+        "woke {wake:?} after the release"
+    );
+    let _ = raw.delete(filler, None).await;
+}
+
+/// `etcdctl lock lockcore/<encoded name>` and this backend exclude each
+/// other, both ways.
+async fn etcdctl_lock_interoperates(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("etcdctl");
+    let pfx = lock_range(DEFAULT_PREFIX, &name);
+    let pfx = pfx.trim_end_matches('/');
+    let etcdctl = |cmd: &[&str]| {
+        let mut c = tokio::process::Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", ctx.config))
+            .args(["lock", pfx, "--"])
+            .args(cmd)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        c.spawn().expect("etcdctl runs")
+    };
+    // etcdctl holds until `sh` sees the flag file (its stdin is /dev/null).
+    let flag = std::env::temp_dir().join(format!("{}.release", pfx.replace('/', "_")));
+    let _ = std::fs::remove_file(&flag);
+    let script = format!(
+        "echo held; while [ ! -e '{}' ]; do sleep 0.05; done",
+        flag.display()
+    );
+    let mut held = etcdctl(&["sh", "-c", &script]);
+    let mut out = BufReader::new(held.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), out.next_line())
+        .await
+        .expect("etcdctl took the lock")
+        .expect("read");
+    assert_eq!(line.as_deref(), Some("held"));
+    let raw = backend(&ctx).await;
+    let keys = raw
+        .client()
+        .clone()
+        .get(format!("{pfx}/"), Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get");
+    assert_eq!(
+        keys.kvs().len(),
+        1,
+        "etcdctl's key is not in the range {pfx}/"
+    );
+    assert!(
+        l.try_lock(&name).await.expect("try").is_none(),
+        "acquired a name etcdctl holds"
+    );
+    std::fs::write(&flag, b"").expect("flag file"); // `sh` ends, etcdctl unlocks
+    let g = l
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("free once etcdctl unlocked");
+    let _ = held.wait().await;
+    let _ = std::fs::remove_file(&flag);
+
+    // Now this backend holds and etcdctl waits.
+    let mut waiting = etcdctl(&["echo", "got"]);
+    let mut out = BufReader::new(waiting.stdout.take().expect("stdout")).lines();
+    let early = tokio::time::timeout(Duration::from_millis(1500), out.next_line()).await;
+    assert!(
+        early.is_err(),
+        "etcdctl got a lock this backend holds: {early:?}"
+    );
+    g.release().await.expect("release");
+    let line = tokio::time::timeout(Duration::from_secs(10), out.next_line())
+        .await
+        .expect("etcdctl gets the lock after the release")
+        .expect("read");
+    assert_eq!(line.as_deref(), Some("got"));
+    let status = waiting.wait().await.expect("etcdctl exits");
+    assert!(status.success(), "etcdctl: {status}");
+}
+
+fn main() -> std::process::ExitCode {
+    let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
+    run_serial(vec![
+        Target::new("etcd-faults", Some("LOCKTEST_ETCD"), url)
+            .only_own_cases()
+            .case("stalled_holder_loses_lease", |ctx| {
+                Box::pin(stalled_holder_loses_lease(ctx))
+            })
+            .case("compaction_during_long_wait", |ctx| {
+                Box::pin(compaction_during_long_wait(ctx))
+            })
+            .case("etcdctl_lock_interoperates", |ctx| {
+                Box::pin(etcdctl_lock_interoperates(ctx))
+            }),
+        Target::new("etcd-cluster-faults", Some("LOCKTEST_ETCD_CLUSTER"), url)
+            .only_own_cases()
+            .case("leader_killed_under_contention", |ctx| {
+                Box::pin(leader_killed_under_contention(ctx))
+            }),
+    ])
+}
