@@ -48,8 +48,9 @@ pub struct Capabilities {
     pub push_wakeup: bool,
     /// What keeps a lease alive.
     pub lease: LeaseKind,
-    /// [`Backend::inspect`](crate::Backend::inspect) can tell the holder and
-    /// count the waiters.
+    /// [`Backend::inspect`](crate::Backend::inspect) can tell the holder
+    /// (and the number of waiters, where [`LockInfo::waiters`](crate::LockInfo)
+    /// is `Some`).
     pub inspect: bool,
     /// Locks exclude other processes (false for the in-memory backend).
     pub cross_process: bool,

@@ -4,17 +4,16 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BackendLease, Released, Renewal};
 use crate::cleanup::spawn_cleanup;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{MAX_TTL, MIN_TTL};
+use crate::watchdog::{Timer, Watchdog};
 
 /// The leases one owner holds, by name, for reentrancy.
 #[derive(Debug, Default)]
@@ -68,13 +67,13 @@ pub(crate) struct Held {
     pub(crate) lost: CancellationToken,
     pub(crate) renew: bool,
     pub(crate) holds: AtomicUsize,
-    pub(crate) poke: Notify,
+    pub(crate) timer: Timer,
+    scheduler: Weak<Watchdog>,
     ttl: Mutex<Duration>,
     valid_until: Mutex<Instant>,
     released: AtomicBool,
     lost_reason: OnceLock<&'static str>,
     lost_at: OnceLock<Instant>,
-    watchdog: Mutex<Option<AbortHandle>>,
 }
 
 impl fmt::Debug for Held {
@@ -97,6 +96,7 @@ impl Held {
         lost: CancellationToken,
         ttl: Duration,
         renew: bool,
+        scheduler: &Arc<Watchdog>,
     ) -> Self {
         Held {
             name,
@@ -106,13 +106,13 @@ impl Held {
             lost,
             renew,
             holds: AtomicUsize::new(1),
-            poke: Notify::new(),
+            timer: Timer::default(),
+            scheduler: Arc::downgrade(scheduler),
             ttl: Mutex::new(ttl),
             valid_until: Mutex::new(grant.valid_until),
             released: AtomicBool::new(false),
             lost_reason: OnceLock::new(),
             lost_at: OnceLock::new(),
-            watchdog: Mutex::new(None),
         }
     }
 
@@ -128,13 +128,9 @@ impl Held {
         *lock(&self.valid_until) = t;
     }
 
-    pub(crate) fn set_watchdog(&self, handle: AbortHandle) {
-        *lock(&self.watchdog) = Some(handle);
-    }
-
     fn stop_watchdog(&self) {
-        if let Some(h) = lock(&self.watchdog).take() {
-            h.abort();
+        if let Some(wd) = self.scheduler.upgrade() {
+            wd.forget(self);
         }
     }
 
@@ -369,7 +365,14 @@ impl LockGuard {
         }
         self.held.renew_now(ttl).await?;
         *lock(&self.held.ttl) = ttl;
-        self.held.poke.notify_one();
+        if let Some(wd) = self.held.scheduler.upgrade() {
+            let next = if self.held.renew {
+                Instant::now() + ttl / 3
+            } else {
+                self.held.valid_until() + Duration::from_millis(1)
+            };
+            wd.schedule(&self.held, next);
+        }
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use crate::guard::{Held, LockGuard, Owner};
 use crate::memory::MemoryBackend;
 use crate::name::validate_name;
 use crate::options::{LockOptions, Wait};
-use crate::watchdog;
+use crate::watchdog::Watchdog;
 
 /// How long past its wait deadline a backend's acquire may run before it is
 /// dropped (and cleans up after itself).
@@ -57,6 +57,7 @@ pub struct Locker {
     backend: Arc<dyn Backend>,
     defaults: LockOptions,
     owner: OwnerHandle,
+    watchdog: Arc<Watchdog>,
 }
 
 /// The owner identity of a `Locker` value; cloning makes a new owner.
@@ -89,6 +90,7 @@ impl Locker {
             backend,
             defaults: LockOptions::new(),
             owner: OwnerHandle(Arc::default()),
+            watchdog: Arc::default(),
         }
     }
 
@@ -229,8 +231,9 @@ impl Locker {
             lost,
             opts.get_ttl(),
             opts.get_renew(),
+            &self.watchdog,
         ));
-        watchdog::spawn(&held);
+        self.watchdog.watch(&held);
         self.owner.0.insert(held.clone());
         Ok(Some(LockGuard::new(held, self.owner.0.clone())))
     }
