@@ -5,11 +5,16 @@
 //! | `redis://[user[:password]@]host[:port][/db][?options]` | one instance |
 //! | `redis+cluster://[user[:password]@]h1:p1,h2:p2[?options]` | Redis Cluster (seed nodes) |
 //! | `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[?options]` | RedLock over independent masters |
+//! | `rediss://...`, `rediss+cluster://...` | the same over TLS (feature `tls`) |
 //!
 //! Options: `prefix` (key prefix, default `lock:`), `response_timeout_ms`
 //! (default 500), `connect_timeout_ms` (default 1000), and for one instance
 //! `sync_replicas=N` with `sync_timeout_ms` (default 100): after each acquire,
 //! `WAIT N` for replicas to confirm, else release and fail.
+//!
+//! TLS (with the crate's `tls` feature): `rediss://` and `rediss+cluster://`,
+//! or `?tls=true` (RedLock); `?ca_file=/path/ca.pem` trusts that root
+//! certificate besides the system's.
 
 use std::fmt;
 use std::time::Duration;
@@ -51,8 +56,8 @@ impl fmt::Display for Node {
 }
 
 impl Node {
-    /// The node as a `redis://` URL for the client library.
-    pub(crate) fn client_url(&self) -> String {
+    /// The node as a `redis://` (or with TLS `rediss://`) URL for the client library.
+    pub(crate) fn client_url(&self, tls: bool) -> String {
         let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let auth = match (&self.user, &self.password) {
             (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p)),
@@ -65,7 +70,8 @@ impl Node {
         } else {
             self.host.clone()
         };
-        format!("redis://{auth}{host}:{}/{}", self.port, self.db)
+        let scheme = if tls { "rediss" } else { "redis" };
+        format!("{scheme}://{auth}{host}:{}/{}", self.port, self.db)
     }
 }
 
@@ -104,6 +110,10 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Replica-sync guard (one instance only).
     pub sync_replicas: Option<SyncReplicas>,
+    /// TLS to every server (needs the `tls` feature).
+    pub tls: bool,
+    /// A root certificate (PEM file) to trust besides the system's, for TLS.
+    pub ca_file: Option<String>,
 }
 
 impl RedisConfig {
@@ -115,6 +125,8 @@ impl RedisConfig {
             response_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(1),
             sync_replicas: None,
+            tls: false,
+            ca_file: None,
         }
     }
 
@@ -151,11 +163,14 @@ impl RedisConfig {
                         .into(),
                 ))
             }
-            "rediss" | "rediss+cluster" => return Err(bad(
-                "TLS (rediss://) is not supported by this build; use redis:// through a TLS tunnel"
-                    .into(),
-            )),
-            "redis+cluster" => Topology::Cluster(nodes),
+            "rediss" if nodes.len() == 1 => Topology::Single(nodes.remove(0)),
+            "rediss" => {
+                return Err(bad(
+                    "rediss:// takes one host; use rediss+cluster:// or redlock://...?tls=true for several"
+                        .into(),
+                ))
+            }
+            "redis+cluster" | "rediss+cluster" => Topology::Cluster(nodes),
             "redlock" if nodes.len() >= 3 && nodes.len() % 2 == 1 => Topology::RedLock(nodes),
             "redlock" => {
                 return Err(bad(format!(
@@ -165,11 +180,12 @@ impl RedisConfig {
             }
             other => {
                 return Err(bad(format!(
-                    "unknown scheme {other:?} (expected redis://, redis+cluster:// or redlock://)"
+                    "unknown scheme {other:?} (expected redis://, rediss://, redis+cluster:// or redlock://)"
                 )))
             }
         };
         let mut cfg = RedisConfig::new(topology);
+        cfg.tls = u.scheme.starts_with("rediss");
         let mut sync_count = None;
         let mut sync_timeout = Duration::from_millis(100);
         for (k, v) in &u.options {
@@ -180,6 +196,14 @@ impl RedisConfig {
             };
             match k.as_str() {
                 "prefix" => cfg.prefix = v.clone(),
+                "ca_file" => cfg.ca_file = Some(v.clone()),
+                "tls" => {
+                    cfg.tls = match v.as_str() {
+                        "true" | "1" => true,
+                        "false" | "0" => false,
+                        _ => return Err(bad(format!("option tls={v:?} is not true or false"))),
+                    }
+                }
                 "response_timeout_ms" => cfg.response_timeout = ms()?,
                 "connect_timeout_ms" => cfg.connect_timeout = ms()?,
                 "sync_timeout_ms" => sync_timeout = ms()?,
@@ -245,7 +269,8 @@ mod tests {
             ("redis://a,b", "one host"),
             ("memcached://h", "unknown scheme"),
             ("redis://:secret@h:1?response_timeout_ms=x", "milliseconds"),
-            ("rediss://h", "TLS"),
+            ("rediss://a,b", "one host"),
+            ("redis://h?tls=maybe", "true or false"),
         ] {
             let e = RedisConfig::parse(url).unwrap_err();
             assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);

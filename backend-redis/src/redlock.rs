@@ -74,9 +74,7 @@ impl RedLockBackend {
         };
         let mut instances = Vec::new();
         for node in nodes {
-            let client = redis::Client::open(node.client_url()).map_err(|e| {
-                Error::invalid_config(NAME, format!("Redis address {node}: {e}")).with_source(e)
-            })?;
+            let client = crate::conn::client(node, &cfg)?;
             instances.push(Instance {
                 node: node.clone(),
                 conn: Mutex::new(None),

@@ -67,9 +67,7 @@ impl RedisBackend {
         };
         // Classic PUBLISH reaches every node of a cluster, so one node's
         // pub/sub connection hears every release.
-        let client = redis::Client::open(wake_node.client_url()).map_err(|e| {
-            Error::invalid_config(NAME, format!("Redis address {wake_node}: {e}")).with_source(e)
-        })?;
+        let client = conn::client(&wake_node, &cfg)?;
         Ok(RedisBackend {
             wake: Wakeups::new(client, cfg.response_timeout),
             conn,

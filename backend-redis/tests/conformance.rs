@@ -20,6 +20,13 @@ struct Redis {
     unreachable: &'static str,
 }
 
+impl Redis {
+    /// Revocation needs plain admin connections (not over TLS).
+    fn admin_plain(&self) -> bool {
+        self.raw.iter().all(|u| u.starts_with("redis://"))
+    }
+}
+
 fn admin_err(e: redis::RedisError) -> Error {
     Error::backend_error("redis", format!("harness admin command: {e}"))
 }
@@ -35,7 +42,7 @@ impl Harness for Redis {
     }
 
     fn can_revoke(&self) -> bool {
-        true
+        self.admin_plain()
     }
 
     async fn revoke(&self, name: &str) -> lockcore::Result<bool> {
@@ -83,7 +90,8 @@ fn hosts(list: &str) -> (String, Vec<String>) {
 }
 
 fn main() -> std::process::ExitCode {
-    run(vec![
+    #[allow(unused_mut)]
+    let mut targets = vec![
         Target::new("redis", Some("LOCKTEST_REDIS_URL"), |url| async move {
             Ok(Arc::new(Redis {
                 raw: vec![url.clone()],
@@ -118,5 +126,19 @@ fn main() -> std::process::ExitCode {
                 }) as Arc<dyn Harness>)
             },
         ),
-    ])
+    ];
+    #[cfg(feature = "tls")]
+    targets.push(Target::new(
+        "redis-tls",
+        Some("LOCKTEST_REDIS_TLS_URL"),
+        |url| async move {
+            Ok(Arc::new(Redis {
+                raw: vec![url.clone()],
+                url,
+                cluster: false,
+                unreachable: "rediss://127.0.0.1:1",
+            }) as Arc<dyn Harness>)
+        },
+    ));
+    run(targets)
 }
