@@ -231,6 +231,10 @@ impl Backend for MemoryBackend {
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+        // Take part in tokio's cooperative scheduling as its own resources
+        // do: a task that acquires in a loop yields now and then, so timers
+        // and other tasks (the watchdog among them) still run.
+        tokio::task::consume_budget().await;
         let now = Instant::now();
         let rx = {
             let mut st = lock(&self.state);

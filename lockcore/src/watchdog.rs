@@ -82,8 +82,11 @@ impl Watchdog {
 
     /// Stops watching `held` (released or abandoned).
     pub(crate) fn forget(&self, held: &Held) {
+        // Queue first, then key, as everywhere: a lease's key is live in the
+        // queue exactly while it is `Some`, under the queue's lock.
+        let mut queue = lock(&self.queue);
         if let Some(k) = lock(&held.timer.key).take() {
-            lock(&self.queue).try_remove(&k);
+            queue.try_remove(&k);
         }
     }
 
@@ -107,7 +110,15 @@ async fn run(watchdog: Weak<Watchdog>) {
             match queue.poll_expired(cx) {
                 // Empty: the next insert wakes this task.
                 Poll::Ready(None) => Poll::Pending,
-                Poll::Ready(Some(expired)) => Poll::Ready(Some((wd.clone(), expired.into_inner()))),
+                Poll::Ready(Some(expired)) => {
+                    let held = expired.into_inner().upgrade();
+                    if let Some(h) = &held {
+                        // The key is spent: clear it before the queue can
+                        // hand the same key to another lease.
+                        *lock(&h.timer.key) = None;
+                    }
+                    Poll::Ready(Some((wd.clone(), held)))
+                }
                 Poll::Pending => Poll::Pending,
             }
         })
@@ -115,11 +126,9 @@ async fn run(watchdog: Weak<Watchdog>) {
         let Some((wd, held)) = due else {
             return;
         };
-        let Some(held) = held.upgrade() else {
+        let Some(held) = held else {
             continue;
         };
-        // The key is spent once its entry expired.
-        *lock(&held.timer.key) = None;
         tokio::spawn(check(wd, held));
     }
 }
@@ -157,6 +166,56 @@ async fn check(wd: Arc<Watchdog>, held: Arc<Held>) {
             }
             tracing::warn!(backend = held.backend, name = %held.name, error = %e, retry_in = ?delay, "lease renewal failed; retrying while the lease is valid");
             wd.schedule(&held, (Instant::now() + delay).min(held.valid_until()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{LockOptions, Locker, Wait};
+
+    /// Leases held with renewal stay held while many short leases come and
+    /// go through the same queue (keys are reused by the queue: a stale key
+    /// must never remove another lease's entry).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn held_leases_survive_churn() {
+        let locker = Locker::memory();
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(1))
+            .wait(Wait::Try);
+        let mut held = Vec::new();
+        for i in 0..50 {
+            held.push(
+                locker
+                    .acquire(&format!("held/{i}"), &opts)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        let churn = {
+            let locker = locker.clone();
+            tokio::spawn(async move {
+                let until = std::time::Instant::now() + Duration::from_millis(2500);
+                let mut n = 0u64;
+                while std::time::Instant::now() < until {
+                    let g = locker
+                        .acquire(&format!("churn/{}", n % 64), &opts)
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    g.release().await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let pairs = churn.await.unwrap();
+        assert!(pairs > 1000, "only {pairs} pairs");
+        for g in &held {
+            assert!(g.is_held(), "{}: {:?}", g.name(), g.lost_reason());
         }
     }
 }
