@@ -13,6 +13,7 @@ use etcd_client::{
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType,
     WatchOptions,
 };
+use lockcore::backend::validity_deadline;
 use lockcore::cleanup::{spawn_cleanup, CleanupOnDrop};
 use lockcore::name::encode_segment;
 use lockcore::retry::Backoff;
@@ -293,7 +294,7 @@ impl EtcdBackend {
             let sent = Instant::now();
             match self.keep_alive_once(lease, limit, name).await {
                 Ok(true) => {
-                    *lock(valid) = sent + ttl;
+                    *lock(valid) = validity_deadline(sent, ttl);
                     backoff.reset();
                     next = sent + every;
                 }
@@ -471,7 +472,7 @@ impl EtcdBackend {
             )
             .with_name(name));
         }
-        let valid = Mutex::new(sent + ttl);
+        let valid = Mutex::new(validity_deadline(sent, ttl));
         let first = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
@@ -779,7 +780,7 @@ impl BackendLease for EtcdLease {
             return Ok(Renewal::Lost);
         }
         Ok(Renewal::Renewed {
-            valid_until: sent + ttl,
+            valid_until: validity_deadline(sent, ttl),
         })
     }
 

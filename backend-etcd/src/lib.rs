@@ -28,7 +28,8 @@
 //! future renews its lease at ttl/3; once granted, the guard's watchdog
 //! renews it at ttl/3 with one keepalive and one read of the key. The lost
 //! signal fires when a keepalive answers ttl 0, when the key is gone, or when
-//! the validity deadline (send time of the last successful renewal + ttl)
+//! the validity deadline (send time of the last successful renewal + ttl,
+//! less the drift allowance of `lockcore::backend::validity_deadline`)
 //! passes because the server could not be reached.
 //!
 //! A lease per lock rather than one per handle: lockcore's ttl is chosen per

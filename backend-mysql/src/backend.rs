@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lockcore::backend::validity_deadline;
 use lockcore::cleanup::spawn_cleanup;
 use lockcore::{
     AcquireRequest, Backend, BackendLease, Capabilities, Deadline, Error, ErrorKind, Fencing,
@@ -100,12 +101,6 @@ fn timed_out(what: &str, server: &str, after: Duration) -> Error {
 fn ttl_secs(ttl: Duration) -> u64 {
     let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     s.max(1)
-}
-
-/// Margin taken off a lease's validity for the rate difference between this
-/// process's clock and the server's (which times the idle session out).
-fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
 }
 
 /// The statements, built once per backend (the table names are checked
@@ -767,7 +762,7 @@ impl Backend for MysqlBackend {
                 conn: Arc::new(tokio::sync::Mutex::new(Some(h))),
             }),
             fence: Some(fence),
-            valid_until: sent + req.ttl - drift(req.ttl),
+            valid_until: validity_deadline(sent, req.ttl),
         }))
     }
 }
@@ -826,7 +821,7 @@ impl BackendLease for MysqlLease {
             Ok(Ok(())) => {
                 self.ttl_secs.store(secs, Ordering::Relaxed);
                 Ok(Renewal::Renewed {
-                    valid_until: sent + ttl - drift(ttl),
+                    valid_until: validity_deadline(sent, ttl),
                 })
             }
             Ok(Err(e)) => {

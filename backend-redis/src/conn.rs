@@ -253,8 +253,3 @@ pub(crate) fn map_err(e: RedisError, what: &str, server: &str, mutating: bool) -
 pub(crate) fn ttl_ms(ttl: Duration) -> String {
     ttl.as_millis().to_string()
 }
-
-/// The clock-drift allowance of a lease: ttl·1% + 2 ms.
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
+use lockcore::backend::validity_deadline;
 use lockcore::cleanup::CleanupOnDrop;
 use lockcore::retry::jitter_between;
 use lockcore::{
@@ -27,7 +28,7 @@ use redis::aio::ConnectionManager;
 use tokio::sync::Mutex;
 
 use crate::config::{Node, RedisConfig, Topology, NAME};
-use crate::conn::{connect_single, drift, ttl_ms, Conn, Keys, ACQUIRE_PLAIN, RELEASE, RENEW};
+use crate::conn::{connect_single, ttl_ms, Conn, Keys, ACQUIRE_PLAIN, RELEASE, RENEW};
 use crate::single::wait_turn;
 use crate::wake::{Subscription, Wakeups};
 
@@ -185,7 +186,7 @@ impl Backend for RedLockBackend {
             .await;
             let granted = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
             let answered = replies.iter().filter(|r| r.is_some()).count();
-            let valid_until = started + req.ttl - drift(req.ttl);
+            let valid_until = validity_deadline(started, req.ttl);
             if granted >= self.quorum() && Instant::now() < valid_until {
                 cleanup.disarm();
                 return Ok(Some(Grant {
@@ -263,7 +264,7 @@ impl BackendLease for RedLockLease {
         .await;
         let renewed = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
         let refused = replies.iter().filter(|r| matches!(r, Some((0, _)))).count();
-        let valid_until = sent + ttl - drift(ttl);
+        let valid_until = validity_deadline(sent, ttl);
         if renewed >= self.quorum && Instant::now() < valid_until {
             return Ok(Renewal::Renewed { valid_until });
         }

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lockcore::backend::validity_deadline;
 use lockcore::cleanup::CleanupOnDrop;
 use lockcore::{
     AcquireRequest, Backend, BackendLease, Capabilities, Deadline, Error, ErrorKind, Fencing,
@@ -11,7 +12,7 @@ use lockcore::{
 };
 
 use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
-use crate::conn::{self, drift, map_err, ttl_ms, Conn, Keys, ACQUIRE, INSPECT, RELEASE, RENEW};
+use crate::conn::{self, map_err, ttl_ms, Conn, Keys, ACQUIRE, INSPECT, RELEASE, RENEW};
 use crate::wake::{Subscription, Wakeups};
 
 /// The longest a waiter sleeps between attempts when no wake-up comes (a
@@ -200,7 +201,7 @@ impl Backend for RedisBackend {
                         server: self.server.clone(),
                     }),
                     fence: Some(fence),
-                    valid_until: sent + req.ttl - drift(req.ttl),
+                    valid_until: validity_deadline(sent, req.ttl),
                 }));
             }
             cleanup.disarm();
@@ -259,7 +260,7 @@ impl BackendLease for RedisLease {
             .map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
         Ok(if r == 1 {
             Renewal::Renewed {
-                valid_until: sent + ttl - drift(ttl),
+                valid_until: validity_deadline(sent, ttl),
             }
         } else {
             Renewal::Lost

@@ -228,8 +228,7 @@ impl Session {
     /// `min(ttl, session timeout)` later, less a clock-drift allowance of
     /// 1% + 2 ms.
     pub(crate) fn valid_until(&self, sent: Instant, ttl: Duration) -> Instant {
-        let span = ttl.min(self.timeout);
-        sent + span.saturating_sub(span / 100 + Duration::from_millis(2))
+        lockcore::backend::validity_deadline(sent, ttl.min(self.timeout))
     }
 }
 

@@ -80,6 +80,22 @@ impl Deadline {
     }
 }
 
+/// The validity deadline of a lease proven by a request sent at `sent`:
+/// `sent + ttl`, less a clock-drift allowance of ttl·1% + 2 ms (the server
+/// may time the lease out by a clock that runs a little fast). Every backend
+/// computes [`Grant::valid_until`] and [`Renewal::Renewed`] this way.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+///
+/// let sent = Instant::now();
+/// let until = lockcore::backend::validity_deadline(sent, Duration::from_secs(10));
+/// assert_eq!(until, sent + Duration::from_millis(9_898));
+/// ```
+pub fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
 /// One acquisition, as [`Locker`](crate::Locker) hands it to the backend.
 /// The name and options are already validated.
 #[derive(Debug)]
