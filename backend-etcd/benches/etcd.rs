@@ -12,14 +12,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, WatchOptions,
 };
-use lockcore::{LockOptions, Locker, Wait};
+use lockcore_conformance::workload;
 
 fn secs() -> Duration {
     let s = std::env::var("BENCH_SECS")
@@ -69,35 +68,6 @@ fn lease_id() -> i64 {
     (lockcore::OwnerToken::random().as_u128() as u64 >> 1).max(1) as i64
 }
 
-async fn pairs_per_sec_lock(lockers: Vec<Locker>, ns: &str, d: Duration) -> f64 {
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, l) in lockers.into_iter().enumerate() {
-        let name = format!("{ns}/pairs/{i}");
-        tasks.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            let opts = LockOptions::new()
-                .ttl(Duration::from_secs(10))
-                .wait(Wait::Try);
-            while start.elapsed() < d {
-                let g = l
-                    .acquire(&name, &opts)
-                    .await
-                    .expect("acquire")
-                    .expect("free");
-                g.release().await.expect("release");
-                n += 1;
-            }
-            n
-        }));
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.expect("task");
-    }
-    total as f64 / start.elapsed().as_secs_f64()
-}
-
 async fn pairs_per_sec_raw(c: &Client, tasks_n: usize, ns: &str, d: Duration) -> f64 {
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -118,41 +88,6 @@ async fn pairs_per_sec_raw(c: &Client, tasks_n: usize, ns: &str, d: Duration) ->
         total += t.await.expect("task");
     }
     total as f64 / start.elapsed().as_secs_f64()
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i.min(v.len() - 1)]
-}
-
-/// Handoff latency with `waiters` clients looping on one name.
-async fn handoff_lock(url: &str, ns: &str, waiters: usize, d: Duration) -> Vec<Duration> {
-    let name = format!("{ns}/handoff");
-    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..waiters + 1 {
-        let l = lockcore_etcd::connect(url).await.expect("connect");
-        let (name, released_at, samples) = (name.clone(), released_at.clone(), samples.clone());
-        tasks.push(tokio::spawn(async move {
-            let opts = LockOptions::new().ttl(Duration::from_secs(10));
-            while start.elapsed() < d {
-                let g = l.acquire(&name, &opts).await.expect("lock").expect("waits");
-                if let Some(t) = released_at.lock().unwrap().take() {
-                    samples.lock().unwrap().push(t.elapsed());
-                }
-                *released_at.lock().unwrap() = Some(Instant::now());
-                g.release().await.expect("release");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let v = samples.lock().unwrap().clone();
-    v
 }
 
 /// Floor: delete a key a watcher waits on; the watcher reads once.
@@ -209,10 +144,7 @@ fn main() {
         eprintln!("LOCKTEST_ETCD is unset: start compose/ and eval \"$(compose/local env)\"");
         std::process::exit(2);
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = workload::runtime();
     rt.block_on(async move {
         let d = secs();
         let ns = format!("bench-{:08x}", rand_u32());
@@ -220,23 +152,31 @@ fn main() {
         let l = lockcore_etcd::connect(&url).await.expect("connect");
         println!("etcd at {url}, {d:?} per figure");
 
-        let one = pairs_per_sec_lock(vec![l.clone()], &ns, d).await;
+        let one = workload::uncontended(&l, &ns, 1, d).await.expect("pairs");
         let one_raw = pairs_per_sec_raw(&raw, 1, &ns, d).await;
         println!("acquire+release, 1 task:    {one:8.0} pairs/s   (raw floor {one_raw:8.0}/s, {:.0}%)", 100.0 * one / one_raw);
 
-        let many = pairs_per_sec_lock((0..64).map(|_| l.clone()).collect(), &ns, d).await;
+        let many = workload::uncontended(&l, &ns, 64, d).await.expect("pairs");
         let many_raw = pairs_per_sec_raw(&raw, 64, &ns, d).await;
         println!("acquire+release, 64 tasks:  {many:8.0} pairs/s   (raw floor {many_raw:8.0}/s, {:.0}%)", 100.0 * many / many_raw);
 
-        let mut h = handoff_lock(&url, &ns, 8, d).await;
+        // One holder and 8 waiters at any time.
+        let mut clients = Vec::new();
+        for _ in 0..9 {
+            clients.push(lockcore_etcd::connect(&url).await.expect("connect"));
+        }
+        let h = workload::handoffs(clients, &format!("{ns}/handoff"), d)
+            .await
+            .expect("handoffs");
         let mut hr = handoff_raw(&raw, &ns, d).await;
+        hr.sort();
         println!(
             "handoff, 8 waiters: p50 {:?} p99 {:?} ({} handoffs)   (raw floor p50 {:?} p99 {:?}, {} samples)",
-            pct(&mut h, 0.5),
-            pct(&mut h, 0.99),
+            workload::percentile(&h, 0.5),
+            workload::percentile(&h, 0.99),
             h.len(),
-            pct(&mut hr, 0.5),
-            pct(&mut hr, 0.99),
+            workload::percentile(&hr, 0.5),
+            workload::percentile(&hr, 0.99),
             hr.len()
         );
         let _ = raw

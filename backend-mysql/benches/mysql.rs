@@ -15,25 +15,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::{LockOptions, Locker, Wait};
+use lockcore_conformance::workload;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
 const RUN: Duration = Duration::from_secs(3);
-
-async fn pairs_for(locker: &Locker, name: &str, until: Instant) -> u64 {
-    let opts = LockOptions::new().wait(Wait::Try);
-    let mut n = 0;
-    while Instant::now() < until {
-        let g = locker
-            .acquire(name, &opts)
-            .await
-            .unwrap()
-            .expect("uncontended");
-        g.release().await.unwrap();
-        n += 1;
-    }
-    n
-}
 
 /// The statements of one acquire+release, run by raw connections.
 async fn raw_pairs_for(url: &str, name: &str, until: Instant) -> u64 {
@@ -80,14 +65,6 @@ async fn raw_pairs_for(url: &str, name: &str, until: Instant) -> u64 {
     n
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -122,11 +99,7 @@ fn record(released_at: &Mutex<Option<Instant>>, samples: &Mutex<Vec<Duration>>) 
 fn main() {
     let url = std::env::var("LOCKTEST_MYSQL_URL")
         .unwrap_or_else(|_| "mysql://lockcore:lockcore@127.0.0.1:13306/lockcore".into());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = workload::runtime();
     rt.block_on(async {
         let ns = format!("bench-{:x}", std::process::id());
         let locker = lockcore_mysql::connect(&format!("{url}?pool_size=40&aux_pool_size=8"))
@@ -134,26 +107,13 @@ fn main() {
             .unwrap();
 
         // 1. One task.
-        pairs_for(&locker, &format!("{ns}/warm"), Instant::now() + Duration::from_millis(300)).await;
-        let t = Instant::now();
-        let ours1 = pairs_for(&locker, &format!("{ns}/one"), t + RUN).await as f64 / t.elapsed().as_secs_f64();
+        workload::uncontended(&locker, &format!("{ns}/warm"), 1, Duration::from_millis(300)).await.unwrap();
+        let ours1 = workload::uncontended(&locker, &format!("{ns}/one"), 1, RUN).await.unwrap();
         let t = Instant::now();
         let raw1 = raw_pairs_for(&url, &format!("{ns}/raw-one"), t + RUN).await as f64 / t.elapsed().as_secs_f64();
 
         // 2. 32 tasks on distinct names.
-        let t = Instant::now();
-        let until = t + RUN;
-        let tasks: Vec<_> = (0..32)
-            .map(|i| {
-                let (l, name) = (locker.clone(), format!("{ns}/many/{i}"));
-                tokio::spawn(async move { pairs_for(&l, &name, until).await })
-            })
-            .collect();
-        let mut total = 0;
-        for task in tasks {
-            total += task.await.unwrap();
-        }
-        let ours32 = total as f64 / t.elapsed().as_secs_f64();
+        let ours32 = workload::uncontended(&locker, &format!("{ns}/many"), 32, RUN).await.unwrap();
         let t = Instant::now();
         let until = t + RUN;
         let tasks: Vec<_> = (0..32)
@@ -174,21 +134,7 @@ fn main() {
         for _ in 0..8 {
             lockers.push(lockcore_mysql::connect(&format!("{url}?ensure_schema=false")).await.unwrap());
         }
-        let lockers = Arc::new(Mutex::new(lockers));
-        let ours = handoff(8, |released_at, samples, until| {
-            let l = lockers.lock().unwrap().pop().unwrap();
-            let name = name.clone();
-            async move {
-                while Instant::now() < until {
-                    let g = l.lock(&name).await.unwrap();
-                    record(&released_at, &samples);
-                    *released_at.lock().unwrap() = Some(Instant::now());
-                    g.release().await.unwrap();
-                    tokio::task::yield_now().await;
-                }
-            }
-        })
-        .await;
+        let ours = workload::handoffs(lockers, &name, RUN).await.unwrap();
         let raw_name = format!("{ns}/raw-handoff");
         {
             let mut c = MySqlConnection::connect(&url).await.unwrap();
@@ -230,10 +176,10 @@ fn main() {
             "| hand-off, 8 clients, p50 / p99 ms ({} / {} hand-offs) | {:.3} / {:.3} | {:.3} / {:.3} | |",
             ours.len(),
             raw.len(),
-            ms(percentile(&ours, 0.5)),
-            ms(percentile(&ours, 0.99)),
-            ms(percentile(&raw, 0.5)),
-            ms(percentile(&raw, 0.99)),
+            ms(workload::percentile(&ours, 0.5)),
+            ms(workload::percentile(&ours, 0.99)),
+            ms(workload::percentile(&raw, 0.5)),
+            ms(workload::percentile(&raw, 0.99)),
         );
     });
 }

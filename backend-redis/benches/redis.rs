@@ -85,11 +85,7 @@ fn main() {
         .unwrap_or("6379")
         .trim_end_matches('/')
         .to_owned();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = workload::runtime();
     rt.block_on(async {
         let ns = format!("bench-{:x}", std::process::id());
         let locker = lockcore_redis::connect(&url).await.unwrap();

@@ -12,35 +12,19 @@
 // Bench code: a failed expectation aborts the run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{Locker, Wait};
+use lockcore::Locker;
+use lockcore_conformance::workload;
 use lockcore_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
 
 const BASE: &str = "/lockcore-bench";
 
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i.min(v.len() - 1)]
-}
-
 async fn locker(hosts: &str) -> Locker {
     let cfg = ZkConfig::parse(&format!("zk://{hosts}{BASE}")).expect("url");
     Locker::from_arc(Arc::new(ZkBackend::connect(cfg).await.expect("connect")))
-}
-
-async fn pairs(l: &Locker, name: &str, secs: Duration) -> f64 {
-    let t = Instant::now();
-    let mut n = 0u64;
-    while t.elapsed() < secs {
-        let g = l.try_lock(name).await.expect("try").expect("free");
-        g.release().await.expect("release");
-        n += 1;
-    }
-    n as f64 / t.elapsed().as_secs_f64()
 }
 
 async fn raw_pairs(c: &zk::Client, parent: &str, secs: Duration) -> f64 {
@@ -57,35 +41,6 @@ async fn raw_pairs(c: &zk::Client, parent: &str, secs: Duration) -> f64 {
         n += 1;
     }
     n as f64 / t.elapsed().as_secs_f64()
-}
-
-async fn handoffs(hosts: &str, name: &str, secs: Duration) -> Vec<Duration> {
-    const TASKS: usize = 9; // one holder and 8 waiters at any time
-    let released: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let stop = Instant::now() + secs;
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        let l = locker(hosts)
-            .await
-            .with_defaults(lockcore::LockOptions::new().wait(Wait::Forever));
-        let (released, samples, name) = (released.clone(), samples.clone(), name.to_owned());
-        tasks.push(tokio::spawn(async move {
-            while Instant::now() < stop {
-                let g = l.lock(&name).await.expect("lock");
-                if let Some(t) = released.lock().unwrap().take() {
-                    samples.lock().unwrap().push(t.elapsed());
-                }
-                *released.lock().unwrap() = Some(Instant::now());
-                g.release().await.expect("release");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let v = samples.lock().unwrap().clone();
-    v
 }
 
 async fn raw_handoffs(hosts: &str, parent: &str, secs: Duration) -> Vec<Duration> {
@@ -120,10 +75,7 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(3),
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = workload::runtime();
     rt.block_on(async {
         let run = format!("{:08x}", rand_suffix());
         let l = locker(&hosts).await;
@@ -137,22 +89,33 @@ fn main() {
         let slice = secs / 3;
         for _ in 0..3 {
             floor += raw_pairs(&raw, &raw_parent, slice).await / 3.0;
-            ours += pairs(&l, &format!("bench-{run}/pairs"), slice).await / 3.0;
+            ours += workload::uncontended(&l, &format!("bench-{run}/pairs"), 1, slice)
+                .await
+                .expect("pairs")
+                / 3.0;
         }
         println!(
             "zk {hosts}: acquire+release, one task: {ours:.0} pairs/s (raw create+getChildren+delete floor: {floor:.0}/s, {:.0}%)",
             100.0 * ours / floor
         );
 
-        let mut h = handoffs(&hosts, &format!("bench-{run}/handoff"), secs).await;
+        // One holder and 8 waiters at any time.
+        let mut clients = Vec::new();
+        for _ in 0..9 {
+            clients.push(locker(&hosts).await);
+        }
+        let h = workload::handoffs(clients, &format!("bench-{run}/handoff"), secs)
+            .await
+            .expect("handoffs");
         let mut r = raw_handoffs(&hosts, &raw_parent, secs).await;
+        r.sort();
         println!(
             "zk {hosts}: contended handoff, 8 waiters: p50 {:?} p99 {:?} over {} handoffs (raw delete→watch→getChildren floor: p50 {:?} p99 {:?} over {})",
-            pct(&mut h, 0.5),
-            pct(&mut h, 0.99),
+            workload::percentile(&h, 0.5),
+            workload::percentile(&h, 0.99),
             h.len(),
-            pct(&mut r, 0.5),
-            pct(&mut r, 0.99),
+            workload::percentile(&r, 0.5),
+            workload::percentile(&r, 0.99),
             r.len()
         );
     });

@@ -15,11 +15,7 @@ use lockcore::Locker;
 use lockcore_conformance::workload;
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = workload::runtime();
     rt.block_on(async {
         let locker = Locker::memory();
         let held = 10_000;

@@ -9,6 +9,21 @@ use std::time::{Duration, Instant};
 
 use lockcore::{LockOptions, Locker, Wait};
 
+/// The runtime benchmarks run on: multi-threaded, two workers (the
+/// machine's cores), timers and I/O on.
+///
+/// # Panics
+///
+/// When the runtime cannot be built (benchmark code only).
+#[allow(clippy::expect_used)]
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// Acquire+release pairs on `name` until `until`; returns how many.
 pub async fn pairs(locker: &Locker, name: &str, until: Instant) -> lockcore::Result<u64> {
     let opts = LockOptions::new().wait(Wait::Try);
