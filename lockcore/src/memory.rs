@@ -163,6 +163,25 @@ impl MemoryBackend {
         was.is_some()
     }
 
+    /// Ends the lease on `name` on the server as if its ttl had run out now,
+    /// without telling the holder: its lost signal fires only when it finds
+    /// out by itself (its next renewal is refused, or its validity deadline
+    /// passes), as with a networked server. The next waiter gets the lock.
+    /// Returns whether the name was held.
+    pub fn expire(&self, name: &str) -> bool {
+        let mut st = lock(&self.state);
+        let State { locks, last_fence } = &mut *st;
+        let Some(entry) = locks.get_mut(name) else {
+            return false;
+        };
+        let was = entry.holder.take().is_some();
+        entry.settle(Instant::now(), last_fence);
+        if entry.is_idle() {
+            locks.remove(name);
+        }
+        was
+    }
+
     /// How many names have a holder or waiters (idle names take no memory).
     pub fn active_names(&self) -> usize {
         lock(&self.state).locks.len()

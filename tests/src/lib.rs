@@ -44,6 +44,7 @@
 
 pub mod cases;
 mod faults;
+pub mod proxy;
 mod runner;
 pub mod workload;
 
@@ -56,6 +57,7 @@ use lockcore::{Capabilities, Locker};
 pub use runner::{run, run_serial, Target};
 
 pub use faults::{compose, ConnectFn, ConnectFuture, UndoOnDrop, UrlHarness};
+pub use proxy::{Dir, Proxies};
 
 /// How the suite reaches a backend: implemented once per backend, in its
 /// own `tests/`.
@@ -78,10 +80,35 @@ pub trait Harness: Send + Sync + fmt::Debug + 'static {
 
     /// Takes the lease on `name` away from its holder on the server, as an
     /// operator or a fault would (delete the key, the node, kill the
-    /// connection). Returns whether something was held.
+    /// connection), without telling the holder's client: it must find out
+    /// by itself (its renewal is refused, a watch fires, its connection
+    /// breaks). Returns whether something was held.
     async fn revoke(&self, name: &str) -> lockcore::Result<bool> {
         let _ = name;
         Ok(false)
+    }
+
+    /// Whether [`connect_via`](Harness::connect_via) works.
+    fn can_proxy(&self) -> bool {
+        false
+    }
+
+    /// A new client whose every connection to the server goes through
+    /// `proxies` (route each server address with [`Proxies::route`] or
+    /// [`Proxies::route_url`]), so a case can delay, blackhole or cut that
+    /// client's traffic while the server and other clients run on. `None`
+    /// when the backend cannot be proxied (in-process, or a cluster whose
+    /// redirects name the servers' own addresses).
+    async fn connect_via(&self, proxies: &Proxies) -> Option<lockcore::Result<Locker>> {
+        let _ = proxies;
+        None
+    }
+
+    /// How many wake-ups waiters have had from the server so far (watch
+    /// notifications on a predecessor, summed over every client this harness
+    /// made), where the backend counts them; `None` skips the no-herd case.
+    fn wakeups(&self) -> Option<u64> {
+        None
     }
 }
 
@@ -110,6 +137,15 @@ impl Ctx {
         match self.harness.connect().await {
             Ok(l) => l,
             Err(e) => panic!("connecting a new client failed: {e}"),
+        }
+    }
+
+    /// A new client through `proxies` (see [`Harness::connect_via`]), or
+    /// `None` when the harness cannot proxy; panics if it cannot connect.
+    pub async fn locker_via(&self, proxies: &Proxies) -> Option<Locker> {
+        match self.harness.connect_via(proxies).await? {
+            Ok(l) => Some(l),
+            Err(e) => panic!("connecting a new client through a proxy failed: {e}"),
         }
     }
 }

@@ -1,0 +1,254 @@
+//! Acquire: try, wait with a deadline, wake-ups, fairness, and waiters that
+//! leave the rest of the client alone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lockcore::{ErrorKind, Wait, DEFAULT_TTL};
+
+use super::{must_be_held, must_try, opts, until_waiters, SLACK, TRY_BOUND};
+use crate::Ctx;
+
+/// Acquire a free name, see it held on the server (and in `inspect`, where
+/// the backend can), release it, acquire it again.
+pub async fn basic_acquire_release(ctx: Ctx) {
+    let (l, other) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("basic");
+    let g = must_try(&l, &name).await;
+    assert_eq!(g.name(), name);
+    assert_eq!(
+        g.fence().is_some(),
+        ctx.caps.has_fencing(),
+        "fence presence must match the capability"
+    );
+    assert!(g.valid_until().is_some_and(|t| t > Instant::now()));
+    must_be_held(&other, &name).await;
+    if ctx.caps.inspect {
+        let info = other
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("the backend declares inspection");
+        let holder = info
+            .holder
+            .expect("inspect shows the holder of a held name");
+        if ctx.caps.has_fencing() {
+            assert_eq!(holder.fence, g.fence(), "inspect shows the holder's token");
+        }
+        if let Some(left) = holder.ttl_remaining {
+            assert!(left <= DEFAULT_TTL, "remaining ttl {left:?} above the ttl");
+        }
+    }
+    g.release().await.expect("release");
+    if ctx.caps.inspect {
+        let info = other.inspect(&name).await.expect("inspect").expect("info");
+        assert!(
+            info.holder.is_none(),
+            "a released name shows a holder: {info:?}"
+        );
+    }
+    let g = must_try(&other, &name).await;
+    g.release().await.expect("second release");
+    let g = l.lock(&name).await.expect("lock a free name");
+    g.release().await.expect("release");
+}
+
+/// A `try` on a held name is `Ok(None)` at once (it never waits on the
+/// server), from another client and from another owner on the same client.
+pub async fn try_on_held_name_is_not_acquired(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("try-held");
+    let g = must_try(&a, &name).await;
+    must_be_held(&b, &name).await;
+    must_be_held(&a.clone(), &name).await;
+    // A try that waited would get the name once the holder lets go.
+    let release_at = Instant::now() + TRY_BOUND;
+    let holder = tokio::spawn(async move {
+        tokio::time::sleep_until(release_at.into()).await;
+        g.release().await.expect("release");
+    });
+    let got = b.try_lock(&name).await.expect("try_lock");
+    assert!(
+        got.is_none() && Instant::now() < release_at,
+        "a try on a held name waited for the holder's release"
+    );
+    holder.await.expect("holder");
+    must_try(&b, &name).await.release().await.expect("release");
+}
+
+/// `wait(d)` on a held name fails with `Timeout` near its deadline, through
+/// `lock_timeout` and through `acquire` with [`Wait::For`] alike.
+pub async fn wait_with_timeout_ends_near_deadline(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("wait-timeout");
+    let g = must_try(&a, &name).await;
+    let wait = Duration::from_millis(700);
+    let t = Instant::now();
+    let err = b
+        .lock_timeout(&name, wait)
+        .await
+        .expect_err("must time out while held");
+    let took = t.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        took >= wait - Duration::from_millis(20),
+        "gave up early, after {took:?}"
+    );
+    assert!(took <= wait + SLACK, "gave up late, after {took:?}");
+    let t = Instant::now();
+    let err = b
+        .acquire(&name, &opts(DEFAULT_TTL, Wait::For(wait), true))
+        .await
+        .expect_err("acquire with Wait::For must fail with Timeout, not Ok(None)");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert!(
+        t.elapsed() <= wait + SLACK,
+        "gave up late, after {:?}",
+        t.elapsed()
+    );
+    must_be_held(&b, &name).await;
+    g.release().await.expect("release");
+}
+
+/// A release wakes a waiter in a few round trips, not after a long poll.
+pub async fn release_wakes_waiter_quickly(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("wake");
+    let g = must_try(&a, &name).await;
+    let released = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let (name, released) = (name.clone(), released.clone());
+        tokio::spawn(async move {
+            let g = b.lock(&name).await.expect("waiter acquires");
+            assert!(
+                released.load(Ordering::SeqCst),
+                "the waiter acquired before the release"
+            );
+            let at = Instant::now();
+            g.release().await.expect("release");
+            at
+        })
+    };
+    until_waiters(&a, &name, 1).await;
+    released.store(true, Ordering::SeqCst);
+    let t = Instant::now();
+    g.release().await.expect("release");
+    let got_at = waiter.await.expect("waiter task");
+    let wake = got_at.saturating_duration_since(t);
+    let bound = if ctx.caps.push_wakeup {
+        Duration::from_secs(1)
+    } else {
+        SLACK
+    };
+    assert!(
+        wake <= bound,
+        "the waiter got the lock {wake:?} after the release (bound {bound:?})"
+    );
+}
+
+/// Waiters are served in arrival order.
+pub async fn fair_waiters_in_arrival_order(ctx: Ctx) {
+    const WAITERS: usize = 5;
+    let a = ctx.locker().await;
+    let name = ctx.name("fair");
+    let g = must_try(&a, &name).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let l = ctx.locker().await;
+        let (n, order) = (name.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l.lock(&n).await.expect("waiter");
+            order.lock().expect("order").push(i);
+            g.release().await.expect("release");
+        }));
+        until_waiters(&a, &name, i + 1).await;
+    }
+    g.release().await.expect("release");
+    for t in tasks {
+        t.await.expect("waiter task");
+    }
+    assert_eq!(
+        *order.lock().expect("order"),
+        (0..WAITERS).collect::<Vec<_>>()
+    );
+}
+
+/// Each release wakes one waiter, the next in line, not all of them (no
+/// herd): over a queue of N hand-offs, about N wake-ups, never N²/2.
+pub async fn no_herd_on_release(ctx: Ctx) {
+    const WAITERS: usize = 5;
+    let a = ctx.locker().await;
+    let name = ctx.name("herd");
+    let g = must_try(&a, &name).await;
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let l = ctx.locker().await;
+        let n = name.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = l.lock(&n).await.expect("waiter");
+            g.release().await.expect("release");
+        }));
+        until_waiters(&a, &name, i + 1).await;
+    }
+    let before = ctx.harness.wakeups().expect("counted");
+    g.release().await.expect("release");
+    for t in tasks {
+        t.await.expect("waiter task");
+    }
+    let woken = ctx.harness.wakeups().expect("counted") - before;
+    let herd = (WAITERS * (WAITERS + 1) / 2) as u64;
+    assert!(
+        woken < herd && woken <= 2 * WAITERS as u64,
+        "{woken} wake-ups for {WAITERS} hand-offs: waiters watch more than their predecessor (a herd would be {herd})"
+    );
+}
+
+/// Many waiters of one client on a busy name take nothing the client needs
+/// for other names: it still takes a free name at once and holds a second
+/// lock while they wait; then every waiter gets its turn.
+pub async fn waiters_do_not_starve_other_names(ctx: Ctx) {
+    const WAITERS: usize = 40;
+    let holder = ctx.locker().await;
+    let busy = ctx.name("starve/busy");
+    let g = must_try(&holder, &busy).await;
+    let w = ctx.locker().await;
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let (l, n) = (w.clone(), busy.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = l.lock(&n).await.expect("waiter");
+            g.release().await.expect("release");
+        }));
+    }
+    until_waiters(&holder, &busy, WAITERS).await;
+    let t = Instant::now();
+    let first = w
+        .try_lock(&ctx.name("starve/free-1"))
+        .await
+        .expect("a try on a free name while this client's waiters queue elsewhere")
+        .expect("the name is free");
+    assert!(t.elapsed() < SLACK, "the try took {:?}", t.elapsed());
+    let second = w
+        .clone()
+        .lock_timeout(&ctx.name("starve/free-2"), SLACK)
+        .await
+        .expect("a holder takes a second lock while this client's waiters queue elsewhere");
+    second.release().await.expect("release");
+    first.release().await.expect("release");
+    g.release().await.expect("release");
+    let all = async {
+        for t in tasks {
+            t.await.expect("waiter task");
+        }
+    };
+    tokio::time::timeout(SLACK * 10, all)
+        .await
+        .expect("every waiter got its turn");
+    must_try(&holder, &busy)
+        .await
+        .release()
+        .await
+        .expect("release");
+}

@@ -1,0 +1,315 @@
+//! Hold: mutual exclusion, expiry of a dead holder, renewal, the lost
+//! signal, validity bounds, a guard on its own, and reentrancy.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::backend::validity_deadline;
+use lockcore::history::History;
+use lockcore::{ErrorKind, LeaseKind, Wait};
+
+use super::{acquire_within, must_be_held, must_try, opts, SHORT_TTL, SLACK, TRY_BOUND};
+use crate::{Ctx, Dir, Proxies};
+
+/// Many clients increment a shared counter by read-modify-write under the
+/// lock: the count is exact and nobody was ever inside together.
+pub async fn mutual_exclusion_exact_counter(ctx: Ctx) {
+    const CLIENTS: u64 = 6;
+    const ROUNDS: u64 = 20;
+    let name = ctx.name("counter");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let history = History::new();
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let l = ctx.locker().await;
+        let (name, counter, inside, history) = (
+            name.clone(),
+            counter.clone(),
+            inside.clone(),
+            history.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = l.lock(&name).await.expect("lock");
+                let id = history.acquired(&g);
+                assert!(
+                    !inside.swap(true, Ordering::SeqCst),
+                    "two holders inside at once"
+                );
+                let v = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                counter.store(v + 1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                history.ended(id, &g);
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), CLIENTS * ROUNDS);
+    history.check().expect("history");
+}
+
+/// A holder that dies stops renewing; the name is free again within its
+/// ttl, and not before, for ttl leases; within the session timeout for
+/// session leases; and at once, well before the ttl, for connection leases
+/// (the dead process's connection closes).
+pub async fn ttl_expiry_after_holder_dies(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("holder-dies");
+    let ttl = match ctx.caps.lease {
+        LeaseKind::Connection => Duration::from_secs(20),
+        _ => Duration::from_secs(2),
+    };
+    let g = a
+        .acquire(&name, &opts(ttl, Wait::Try, true))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let acquired = Instant::now();
+    let lost = g.lost();
+    g.abandon();
+    tokio::time::timeout(Duration::from_secs(1), lost)
+        .await
+        .expect("an abandoned guard reports lost");
+    let within = match ctx.caps.lease {
+        LeaseKind::Connection => SLACK,
+        _ => ttl + SLACK * 2,
+    };
+    let g2 = acquire_within(&b, &name, within).await;
+    let after = acquired.elapsed();
+    if ctx.caps.lease == LeaseKind::Ttl {
+        assert!(
+            after + Duration::from_millis(200) >= ttl,
+            "the lease of a dead holder ended after {after:?}, before its ttl {ttl:?}"
+        );
+    }
+    g2.release().await.expect("release");
+}
+
+/// The watchdog keeps a lease alive well past its ttl: the server still
+/// refuses the name to others after three ttls.
+pub async fn renewal_keeps_lease_past_ttl(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("renewal");
+    let g = a
+        .acquire(&name, &opts(SHORT_TTL, Wait::Try, true))
+        .await
+        .expect("acquire")
+        .expect("free");
+    // Time is the subject: hold for three ttls.
+    tokio::time::sleep(SHORT_TTL * 3).await;
+    must_be_held(&b, &name).await;
+    assert!(g.is_held(), "lost: {:?}", g.lost_reason());
+    g.release().await.expect("release after renewals");
+    must_try(&b, &name).await.release().await.expect("release");
+}
+
+/// Without renewal, the lost signal fires at the validity deadline, not
+/// before, and `is_held()` turns false.
+pub async fn lost_fires_at_validity_deadline(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("lost-deadline");
+    let g = l
+        .acquire(&name, &opts(SHORT_TTL, Wait::Try, false))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let returned = Instant::now();
+    let valid_until = g.valid_until().expect("valid");
+    assert!(
+        valid_until <= returned + SHORT_TTL,
+        "validity longer than the ttl"
+    );
+    tokio::time::timeout(SHORT_TTL + SLACK, g.lost())
+        .await
+        .expect("lost fires");
+    assert!(
+        Instant::now() >= valid_until,
+        "lost fired before the validity deadline"
+    );
+    assert!(!g.is_held());
+    assert!(g.lost_reason().is_some());
+    let err = g.release().await.expect_err("release of a lost lease");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+}
+
+/// A lease taken away on the server without telling its client: renewal is
+/// refused, lost fires, and another client gets the name.
+pub async fn lost_fires_when_lease_is_revoked(ctx: Ctx) {
+    let (a, b, c) = (ctx.locker().await, ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("revoked");
+    let ttl = Duration::from_secs(3);
+    let g = a
+        .acquire(&name, &opts(ttl, Wait::Try, true))
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(
+        ctx.harness.revoke(&name).await.expect("revoke"),
+        "revoke found nothing held"
+    );
+    tokio::time::timeout(ttl + SLACK, g.lost())
+        .await
+        .expect("lost fires once the lease is gone on the server");
+    assert!(!g.is_held());
+    let g2 = acquire_within(&b, &name, SLACK * 2).await;
+    let err = g.release().await.expect_err("release of a revoked lease");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    must_be_held(&c, &name).await;
+    g2.release().await.expect("release");
+}
+
+/// A lease's validity is counted from when the request that proved it was
+/// sent, never from its reply. Every request of the client is slowed down by
+/// 100 ms each way (through a proxy, where the harness can), so any request
+/// answered by the time the call returns was sent at least 200 ms before:
+/// the deadline must stay within `validity_deadline(returned − 200 ms, ttl)`
+/// (plus 50 ms for the client's own work), for the grant and for a renewal.
+/// A server in another process also leaves the drift allowance.
+pub async fn validity_is_counted_from_before_the_request(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let (l, delay) = match ctx.locker_via(&proxies).await {
+        Some(l) => (l, Duration::from_millis(100)),
+        None => (ctx.locker().await, Duration::ZERO),
+    };
+    proxies.delay(Dir::Both, delay);
+    let name = ctx.name("validity");
+    // Long enough that the drift allowance (ttl/100 + 2 ms) is well above
+    // the slack for the client's own work.
+    let ttl = Duration::from_secs(10);
+    let slack = Duration::from_millis(50);
+    // An in-process server shares the client's clock: its own expiry,
+    // taken during the call, is exact.
+    let bound = |returned: Instant| {
+        if ctx.caps.cross_process {
+            validity_deadline(returned - delay * 2, ttl) + slack
+        } else {
+            returned + ttl
+        }
+    };
+    let g = l
+        .acquire(&name, &opts(ttl, Wait::Try, false))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let b = bound(Instant::now());
+    let until = g.valid_until().expect("held");
+    assert!(
+        until <= b,
+        "the grant is valid {:?} past a deadline counted from when its request was sent",
+        until - b
+    );
+    g.extend(ttl).await.expect("extend");
+    let b = bound(Instant::now());
+    let until = g.valid_until().expect("held");
+    assert!(
+        until <= b,
+        "the renewal is valid {:?} past a deadline counted from when its request was sent",
+        until - b
+    );
+    proxies.delay(Dir::Both, Duration::ZERO);
+    g.release().await.expect("release");
+}
+
+/// The `Locker` a guard came from may go: the guard alone keeps its lease
+/// renewed (the server refuses the name to others after three ttls) and
+/// releases it.
+pub async fn guard_outlives_its_locker(ctx: Ctx) {
+    let other = ctx.locker().await;
+    let name = ctx.name("outlives");
+    let g = ctx
+        .locker()
+        .await
+        .acquire(&name, &opts(SHORT_TTL, Wait::Try, true))
+        .await
+        .expect("acquire")
+        .expect("free");
+    // The Locker was a temporary and is gone. Time is the subject.
+    tokio::time::sleep(SHORT_TTL * 3).await;
+    must_be_held(&other, &name).await;
+    assert!(g.is_held(), "lost: {:?}", g.lost_reason());
+    g.release().await.expect("release");
+    must_try(&other, &name)
+        .await
+        .release()
+        .await
+        .expect("release");
+}
+
+/// One owner acquires a name again without waiting; it is released with the
+/// last hold. Another owner (a clone) is not reentrant with it.
+pub async fn reentrancy_through_one_owner(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("reentrant");
+    let g1 = must_try(&a, &name).await;
+    let t = Instant::now();
+    let g2 = a.lock(&name).await.expect("reentrant lock");
+    assert!(t.elapsed() < SLACK, "reentrant acquisition waited");
+    assert_eq!(g1.hold_count(), 2);
+    assert_eq!(g1.fence(), g2.fence());
+    must_be_held(&a.clone(), &name).await;
+    must_be_held(&b, &name).await;
+    g2.release().await.expect("inner release");
+    must_be_held(&b, &name).await;
+    g1.release().await.expect("outer release");
+    must_try(&b, &name).await.release().await.expect("release");
+}
+
+/// Two acquisitions of one name through one owner that race (both before
+/// either returns) end as one hold of count 2, never a deadlock; a `try`
+/// racing a waiting acquisition of the same owner answers at once.
+pub async fn concurrent_acquisitions_through_one_owner(ctx: Ctx) {
+    let (l, other) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("same-owner-race");
+    let both = tokio::time::timeout(SLACK * 3, async {
+        tokio::join!(l.lock(&name), l.lock(&name))
+    })
+    .await
+    .expect("two racing acquisitions through one owner deadlocked");
+    let (a, b) = (both.0.expect("lock"), both.1.expect("lock"));
+    assert_eq!(a.hold_count(), 2);
+    assert_eq!(a.fence(), b.fence());
+    must_be_held(&other, &name).await;
+    a.release().await.expect("release");
+    must_be_held(&other, &name).await;
+    b.release().await.expect("release");
+
+    let both = tokio::time::timeout(SLACK * 3, async {
+        tokio::join!(l.try_lock(&name), l.try_lock(&name))
+    })
+    .await
+    .expect("two racing tries through one owner hung");
+    let (a, b) = (
+        both.0.expect("try").expect("free"),
+        both.1.expect("try").expect("free"),
+    );
+    assert_eq!(a.hold_count(), 2);
+    drop(a);
+    b.release().await.expect("release");
+
+    // Held by another owner: a waiting acquisition and a try of one owner
+    // (shared through an `Arc`: a clone of a `Locker` is another owner).
+    let g = acquire_within(&other, &name, SLACK).await;
+    let l = Arc::new(l);
+    let waiting = {
+        let (l, name) = (l.clone(), name.clone());
+        tokio::spawn(async move { l.lock(&name).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let got = l.try_lock(&name).await.expect("try");
+    assert!(got.is_none(), "a try got a name another owner holds");
+    assert!(t.elapsed() < TRY_BOUND, "the try waited {:?}", t.elapsed());
+    g.release().await.expect("release");
+    let w = tokio::time::timeout(SLACK * 2, waiting)
+        .await
+        .expect("the waiting acquisition got the released name")
+        .expect("task")
+        .expect("lock");
+    w.release().await.expect("release");
+}

@@ -1,0 +1,223 @@
+//! The cases of the contract, one public async function each, grouped by the
+//! contract's sections: [`acquire`], [`hold`], [`release`], [`fencing`],
+//! [`names`], [`cancel`], [`unavailable`] and [`history`].
+//!
+//! Time bounds are for a loaded 2-core machine: they tell a wake-up from a
+//! poll or a lost wake-up, not fast from slow (speed is for benchmarks).
+//!
+//! What a case assumes of a backend, so that a new one knows what to meet:
+//! - one client holds up to 100 names at once, and 40 waiters of one client
+//!   queue on one name while that client still takes other names;
+//! - ttls of 1 s are accepted (the contract's minimum);
+//! - a lease's validity is counted from before the request that proved it
+//!   was sent, less the drift allowance of
+//!   [`lockcore::backend::validity_deadline`] for a server in another process;
+//! - who holds a name is proven on the server (another client's `try`, or
+//!   `inspect`), never by the holder's own `is_held()`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use lockcore::{LockOptions, Locker, Wait};
+
+use crate::Ctx;
+
+pub mod acquire;
+pub mod cancel;
+pub mod fencing;
+pub mod history;
+pub mod hold;
+pub mod names;
+pub mod release;
+pub mod unavailable;
+
+/// A case's body.
+pub type CaseFn = fn(Ctx) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// One case of the suite.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    /// The trial name (after `<target>::`).
+    pub name: &'static str,
+    /// The body.
+    pub run: CaseFn,
+    /// `Some(reason)` when the case does not apply to this backend.
+    pub skip_unless: fn(&Ctx) -> Option<&'static str>,
+}
+
+macro_rules! case {
+    ($m:ident :: $f:ident) => {
+        case!($m::$f, |_| None)
+    };
+    ($m:ident :: $f:ident, $skip:expr) => {
+        Case {
+            name: stringify!($f),
+            run: |ctx| Box::pin($m::$f(ctx)),
+            skip_unless: $skip,
+        }
+    };
+}
+
+fn unless_revoke(c: &Ctx) -> Option<&'static str> {
+    (!c.harness.can_revoke()).then_some("the harness cannot revoke a lease on the server")
+}
+
+fn unless_proxy(c: &Ctx) -> Option<&'static str> {
+    (!c.harness.can_proxy()).then_some("the harness cannot route a client through a proxy")
+}
+
+/// Every case, in a stable order.
+pub fn cases() -> Vec<Case> {
+    vec![
+        case!(acquire::basic_acquire_release),
+        case!(acquire::try_on_held_name_is_not_acquired),
+        case!(acquire::wait_with_timeout_ends_near_deadline),
+        case!(acquire::release_wakes_waiter_quickly),
+        case!(acquire::fair_waiters_in_arrival_order, |c| (!(c.caps.fair
+            && c.caps.inspect))
+            .then_some(
+                "the backend does not declare fair waiting with inspection"
+            )),
+        case!(acquire::no_herd_on_release, |c| (!c.caps.fair
+            || c.harness.wakeups().is_none())
+        .then_some(
+            "the backend is not fair, or the harness counts no wake-ups"
+        )),
+        case!(acquire::waiters_do_not_starve_other_names),
+        case!(hold::mutual_exclusion_exact_counter),
+        case!(hold::ttl_expiry_after_holder_dies),
+        case!(hold::renewal_keeps_lease_past_ttl),
+        case!(hold::lost_fires_at_validity_deadline),
+        case!(hold::lost_fires_when_lease_is_revoked, unless_revoke),
+        case!(hold::validity_is_counted_from_before_the_request),
+        case!(hold::guard_outlives_its_locker),
+        case!(hold::reentrancy_through_one_owner),
+        case!(hold::concurrent_acquisitions_through_one_owner),
+        case!(release::owner_checked_release_after_expiry),
+        case!(release::stale_owner_cannot_renew_or_release, unless_revoke),
+        case!(fencing::fencing_tokens_increase_across_holders, |c| (!c
+            .caps
+            .has_fencing())
+        .then_some("the backend declares no fencing (Fencing::None)")),
+        case!(names::odd_and_invalid_names),
+        case!(names::odd_names_at_the_root),
+        case!(names::many_names_held_at_once),
+        case!(cancel::cancel_safety_of_dropped_acquire),
+        case!(cancel::dropped_at_random_points),
+        case!(unavailable::server_absent_gives_unavailable, |c| (!c
+            .caps
+            .cross_process)
+            .then_some("an in-process backend has no server to be absent")),
+        case!(unavailable::server_stops_answering, unless_proxy),
+        case!(history::history_of_a_contended_run_is_safe),
+    ]
+}
+
+/// The shortest ttl the contract allows, for cases where time is the subject.
+pub(crate) const SHORT_TTL: Duration = Duration::from_secs(1);
+/// Slack for "soon" on a loaded 2-core machine.
+pub(crate) const SLACK: Duration = Duration::from_secs(3);
+/// The longest a `try` may take: well under the 1 s that a server-side lock
+/// wait lasts at least, so a `try` that waits instead of failing at once is
+/// caught.
+pub(crate) const TRY_BOUND: Duration = Duration::from_millis(800);
+
+pub(crate) fn opts(ttl: Duration, wait: Wait, renew: bool) -> LockOptions {
+    LockOptions::new().ttl(ttl).wait(wait).renew(renew)
+}
+
+/// Takes a free name with one `try`, or fails the case.
+pub(crate) async fn must_try(l: &Locker, name: &str) -> lockcore::LockGuard {
+    l.try_lock(name)
+        .await
+        .unwrap_or_else(|e| panic!("try_lock({name:?}) failed: {e}"))
+        .unwrap_or_else(|| panic!("try_lock({name:?}) found the name held, expected it free"))
+}
+
+/// Proves on the server that `name` is held: `l` (another owner) cannot
+/// take it, and says so at once.
+pub(crate) async fn must_be_held(l: &Locker, name: &str) {
+    let t = Instant::now();
+    let got = l
+        .try_lock(name)
+        .await
+        .unwrap_or_else(|e| panic!("try_lock({name:?}) failed: {e}"));
+    assert!(
+        got.is_none(),
+        "{name:?} was acquired by a second owner while held"
+    );
+    let took = t.elapsed();
+    assert!(
+        took < TRY_BOUND,
+        "a try on held {name:?} took {took:?}: it must fail at once, not wait"
+    );
+}
+
+/// Waits until acquired or `within` passes (for cleanups that run in the
+/// background: the bound is the point).
+pub(crate) async fn acquire_within(
+    l: &Locker,
+    name: &str,
+    within: Duration,
+) -> lockcore::LockGuard {
+    match l.lock_timeout(name, within).await {
+        Ok(g) => g,
+        Err(e) => panic!("{name:?} was not free within {within:?}: {e}"),
+    }
+}
+
+/// Waits until the backend reports `n` waiters on `name`, where it can tell;
+/// otherwise gives the waiters a moment to queue (nothing to await then).
+pub(crate) async fn until_waiters(l: &Locker, name: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = l.inspect(name).await.expect("inspect");
+        let Some(waiters) = info.and_then(|i| i.waiters) else {
+            // The backend cannot count waiters: nothing to await.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return;
+        };
+        if waiters >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} waiters never showed up on {name:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Proves on the server that nothing is left of `name`: another client
+/// takes it within `within` (so no leftover lease or queue entry blocks it),
+/// and, where the backend can inspect, no holder and no waiter remain after
+/// that client released it.
+pub(crate) async fn nothing_left(ctx: &Ctx, name: &str, within: Duration) {
+    let l = ctx.locker().await;
+    acquire_within(&l, name, within)
+        .await
+        .release()
+        .await
+        .expect("release");
+    if !ctx.caps.inspect {
+        return;
+    }
+    let deadline = Instant::now() + SLACK;
+    loop {
+        let info = l
+            .inspect(name)
+            .await
+            .expect("inspect")
+            .expect("the backend declares inspection");
+        let waiters = info.waiters.unwrap_or(0);
+        if info.holder.is_none() && waiters == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left on the server for {name:?}: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
