@@ -122,6 +122,17 @@ impl Error {
         self
     }
 
+    /// Names the lock, unless a name is set already. The `Locker` and the
+    /// guard put the lock name on every backend error this way, so a backend
+    /// need not.
+    #[must_use]
+    pub fn or_name(mut self, name: &str) -> Self {
+        if self.name.is_none() {
+            self.name = Some(name.to_owned());
+        }
+        self
+    }
+
     /// Attaches the backend's native error.
     #[must_use]
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {

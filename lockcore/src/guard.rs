@@ -1,218 +1,17 @@
-//! The guard of a held lock, and the lease state it shares with the watchdog.
+//! The guard of a held lock.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{BackendLease, Released, Renewal};
 use crate::cleanup::spawn_cleanup;
 use crate::error::{Error, ErrorKind, Result};
+use crate::held::Held;
 use crate::options::{MAX_TTL, MIN_TTL};
-use crate::watchdog::{Timer, Watchdog};
-
-/// The leases one owner holds, by name, for reentrancy.
-#[derive(Debug, Default)]
-pub(crate) struct Owner {
-    pub(crate) held: Mutex<HashMap<String, Arc<Held>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding one of these short critical sections cannot leave
-    // the data half-written, so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl Owner {
-    /// Takes another hold on a live lease of `name`, if this owner has one.
-    pub(crate) fn reenter(&self, name: &str) -> Option<Arc<Held>> {
-        let mut map = lock(&self.held);
-        let held = map.get(name)?;
-        if held.is_held() {
-            held.holds.fetch_add(1, Ordering::Relaxed);
-            Some(held.clone())
-        } else {
-            map.remove(name);
-            None
-        }
-    }
-
-    pub(crate) fn insert(&self, held: Arc<Held>) {
-        lock(&self.held).insert(held.name.clone(), held);
-    }
-
-    /// Drops one hold; true when it was the last one (the lease must go).
-    fn drop_hold(&self, held: &Arc<Held>) -> bool {
-        let mut map = lock(&self.held);
-        if held.holds.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return false;
-        }
-        if map.get(&held.name).is_some_and(|h| Arc::ptr_eq(h, held)) {
-            map.remove(&held.name);
-        }
-        true
-    }
-}
-
-/// One lease, shared by its guards (one per hold) and its watchdog.
-pub(crate) struct Held {
-    pub(crate) name: String,
-    pub(crate) backend: &'static str,
-    pub(crate) fence: Option<u64>,
-    pub(crate) lease: Box<dyn BackendLease>,
-    pub(crate) lost: CancellationToken,
-    pub(crate) renew: bool,
-    pub(crate) holds: AtomicUsize,
-    pub(crate) timer: Timer,
-    scheduler: Weak<Watchdog>,
-    ttl: Mutex<Duration>,
-    valid_until: Mutex<Instant>,
-    released: AtomicBool,
-    lost_reason: OnceLock<&'static str>,
-    lost_at: OnceLock<Instant>,
-}
-
-impl fmt::Debug for Held {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Held")
-            .field("name", &self.name)
-            .field("backend", &self.backend)
-            .field("fence", &self.fence)
-            .field("lost", &self.lost.is_cancelled())
-            .field("released", &self.released.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-impl Held {
-    pub(crate) fn new(
-        name: String,
-        backend: &'static str,
-        grant: crate::backend::Grant,
-        lost: CancellationToken,
-        ttl: Duration,
-        renew: bool,
-        scheduler: &Arc<Watchdog>,
-    ) -> Self {
-        Held {
-            name,
-            backend,
-            fence: grant.fence,
-            lease: grant.lease,
-            lost,
-            renew,
-            holds: AtomicUsize::new(1),
-            timer: Timer::default(),
-            scheduler: Arc::downgrade(scheduler),
-            ttl: Mutex::new(ttl),
-            valid_until: Mutex::new(grant.valid_until),
-            released: AtomicBool::new(false),
-            lost_reason: OnceLock::new(),
-            lost_at: OnceLock::new(),
-        }
-    }
-
-    pub(crate) fn ttl(&self) -> Duration {
-        *lock(&self.ttl)
-    }
-
-    pub(crate) fn valid_until(&self) -> Instant {
-        *lock(&self.valid_until)
-    }
-
-    pub(crate) fn set_valid_until(&self, t: Instant) {
-        *lock(&self.valid_until) = t;
-    }
-
-    fn stop_watchdog(&self) {
-        if let Some(wd) = self.scheduler.upgrade() {
-            wd.forget(self);
-        }
-    }
-
-    /// Raises the lost signal (once) with a reason.
-    pub(crate) fn mark_lost(&self, reason: &'static str) {
-        let _ = self.lost_at.set(Instant::now().min(self.valid_until()));
-        if self.lost_reason.set(reason).is_ok() && !self.released.load(Ordering::Relaxed) {
-            tracing::warn!(backend = self.backend, name = %self.name, fence = ?self.fence, reason, "lock lease lost");
-        }
-        self.lost.cancel();
-    }
-
-    pub(crate) fn is_held(&self) -> bool {
-        if self.released.load(Ordering::Acquire) || self.lost.is_cancelled() {
-            return false;
-        }
-        if Instant::now() >= self.valid_until() {
-            self.mark_lost("the validity deadline passed without a successful renewal");
-            return false;
-        }
-        true
-    }
-
-    fn lost_error(&self, what: &str) -> Error {
-        let reason = self
-            .lost_reason
-            .get()
-            .copied()
-            .unwrap_or("the lease is no longer held");
-        Error::new(ErrorKind::Lost, self.backend, format!("{what}: {reason}"))
-            .with_name(self.name.clone())
-    }
-
-    /// Releases the lease on the server (the last hold is gone).
-    async fn release_lease(&self) -> Result<()> {
-        self.stop_watchdog();
-        let was_lost = !self.is_held();
-        self.released.store(true, Ordering::Release);
-        match self.lease.release().await {
-            Ok(Released::Released) if !was_lost => Ok(()),
-            Ok(Released::Released) => Err(self.lost_error(
-                "released, but the lease had been lost before (the server still had it)",
-            )),
-            Ok(Released::NotHeld) => {
-                self.mark_lost("the server no longer held the lease at release");
-                Err(self.lost_error("release found the lease gone"))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Renews now with `ttl`, for [`LockGuard::extend`] and the watchdog.
-    pub(crate) async fn renew_now(&self, ttl: Duration) -> Result<()> {
-        if !self.is_held() {
-            return Err(self.lost_error("cannot renew"));
-        }
-        let deadline = self.valid_until();
-        match tokio::time::timeout_at(deadline.into(), self.lease.renew(ttl)).await {
-            Ok(Ok(Renewal::Renewed { valid_until })) => {
-                if !self.lost.is_cancelled() {
-                    self.set_valid_until(valid_until);
-                }
-                Ok(())
-            }
-            Ok(Ok(Renewal::Lost)) => {
-                self.mark_lost(
-                    "renewal refused: the server no longer holds this lease for this owner",
-                );
-                Err(self.lost_error("renewal refused"))
-            }
-            Ok(Err(e)) if e.kind() == ErrorKind::Lost => {
-                self.mark_lost("the backend reported the lease lost during renewal");
-                Err(e)
-            }
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                self.mark_lost("the validity deadline passed while a renewal was in flight");
-                Err(self.lost_error("renewal did not answer before the validity deadline"))
-            }
-        }
-    }
-}
+use crate::owner::Owner;
 
 /// A held lock. Dropping it releases the lock in the background.
 ///
@@ -318,7 +117,7 @@ impl LockGuard {
 
     /// Why the lease was lost, once it was.
     pub fn lost_reason(&self) -> Option<&'static str> {
-        self.held.lost_reason.get().copied()
+        self.held.lost_reason()
     }
 
     /// The validity deadline on this process's monotonic clock, while held.
@@ -332,7 +131,7 @@ impl LockGuard {
         if self.held.is_held() {
             return now;
         }
-        let lost_at = self.held.lost_at.get().copied().unwrap_or(now);
+        let lost_at = self.held.lost_at().unwrap_or(now);
         now.min(lost_at).min(self.held.valid_until())
     }
 
@@ -343,7 +142,7 @@ impl LockGuard {
 
     /// How many holds the owner has on this lease (reentrancy).
     pub fn hold_count(&self) -> usize {
-        self.held.holds.load(Ordering::Relaxed)
+        self.held.holds.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Renews the lease now so that it lives `ttl` from now; the watchdog
@@ -363,16 +162,8 @@ impl LockGuard {
             )
             .with_name(self.held.name.clone()));
         }
-        self.held.renew_now(ttl).await?;
-        *lock(&self.held.ttl) = ttl;
-        if let Some(wd) = self.held.scheduler.upgrade() {
-            let next = if self.held.renew {
-                Instant::now() + ttl / 3
-            } else {
-                self.held.valid_until() + Duration::from_millis(1)
-            };
-            wd.schedule(&self.held, next);
-        }
+        self.held.renew_now(Some(ttl)).await?;
+        self.held.rescheduled();
         Ok(())
     }
 

@@ -14,6 +14,17 @@
 //! [can promise them](Fencing), a lost signal when the lease can no longer be
 //! trusted, reentrancy through one owner, and cancel-safe acquisition.
 //!
+//! **No safety property depends on the user keeping some other object
+//! alive, or on a process staying alive.** A [`LockGuard`] alone keeps its
+//! lease renewed or fires its lost signal, however long it outlives the
+//! [`Locker`] it came from; a dropped acquisition or guard is undone on the
+//! server by a task of its own (see [`cleanup`], and [`cleanup::flush`]
+//! before a process exits); and a process that dies leaves a lease that the
+//! server ends by its ttl, session or connection. Renewals of one lease run
+//! one at a time, so a slow reply never overwrites a later one, and two
+//! acquisitions of one name that race through one owner end as one lease
+//! held twice.
+//!
 //! ```
 //! use std::time::Duration;
 //! use lockcore::{Locker, LockOptions, Wait};
@@ -41,12 +52,15 @@ pub mod cleanup;
 pub mod error;
 pub mod fencing;
 mod guard;
+mod held;
 pub mod history;
 mod locker;
 pub mod memory;
 pub mod name;
 pub mod options;
+mod owner;
 pub mod retry;
+pub mod sync;
 mod watchdog;
 
 pub use backend::{
@@ -56,7 +70,7 @@ pub use backend::{
 pub use capabilities::{Capabilities, Fencing, LeaseKind};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;
-pub use locker::Locker;
+pub use locker::{Locker, DEADLINE_GRACE};
 pub use name::{validate_name, MAX_NAME_BYTES};
 pub use options::{LockOptions, Wait, DEFAULT_TTL, MAX_TTL, MIN_TTL};
 

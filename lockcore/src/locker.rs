@@ -9,15 +9,20 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{AcquireRequest, Backend, Deadline, LockInfo, OwnerToken};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
-use crate::guard::{Held, LockGuard, Owner};
+use crate::guard::LockGuard;
+use crate::held::Held;
 use crate::memory::MemoryBackend;
 use crate::name::validate_name;
 use crate::options::{LockOptions, Wait};
+use crate::owner::Owner;
 use crate::watchdog::Watchdog;
 
 /// How long past its wait deadline a backend's acquire may run before it is
-/// dropped (and cleans up after itself).
-const DEADLINE_GRACE: Duration = Duration::from_millis(250);
+/// dropped (and cleans up after itself). A backend gives up by the deadline
+/// itself (`Ok(None)`); one still busy this much later is stuck on a server
+/// that does not answer, which is [`ErrorKind::Unavailable`], not a name
+/// that is held.
+pub const DEADLINE_GRACE: Duration = Duration::from_secs(1);
 
 /// A handle to a lock backend, cheap to clone.
 ///
@@ -185,14 +190,37 @@ impl Locker {
         let backend = self.backend.name();
         validate_name(backend, name)?;
         opts.validate(backend)?;
-        if let Some(held) = self.owner.0.reenter(name) {
-            return Ok(Some(LockGuard::new(held, self.owner.0.clone())));
-        }
-        let deadline = match opts.get_wait() {
+        let wait = opts.get_wait();
+        let deadline = match wait {
             Wait::Try => Deadline::Now,
             Wait::For(d) => Deadline::At(Instant::now() + d),
             Wait::Forever => Deadline::Never,
         };
+        let timed_out = |d: Duration| {
+            Error::new(
+                ErrorKind::Timeout,
+                backend,
+                format!("still held by another owner after waiting {d:?}"),
+            )
+            .with_name(name)
+        };
+        // One acquisition of `name` through this owner at a time: a racing
+        // second one waits, then takes another hold on what the first got.
+        let entered = self.owner.0.enter(name, wait);
+        let pass = match (deadline.instant(), wait) {
+            (Some(at), Wait::For(d)) => tokio::time::timeout_at(at.into(), entered)
+                .await
+                .map_err(|_| timed_out(d))?,
+            _ => entered.await,
+        };
+        let Some(_pass) = pass else {
+            // A try while this owner's waiting acquisition of `name` is in
+            // flight: the name is contended.
+            return Ok(None);
+        };
+        if let Some(held) = self.owner.0.reenter(name) {
+            return Ok(Some(LockGuard::new(held, self.owner.0.clone())));
+        }
         let lost = CancellationToken::new();
         let req = AcquireRequest {
             name,
@@ -205,18 +233,22 @@ impl Locker {
         let grant = match deadline.instant() {
             Some(at) => tokio::time::timeout_at((at + DEADLINE_GRACE).into(), attempt)
                 .await
-                .unwrap_or(Ok(None))?,
-            None => attempt.await?,
-        };
+                .map_err(|_| {
+                    Error::unavailable(
+                        backend,
+                        format!(
+                            "the server did not answer by the wait's deadline and {DEADLINE_GRACE:?} more; the attempt was dropped and cleans up after itself"
+                        ),
+                    )
+                    .with_name(name)
+                })?,
+            None => attempt.await,
+        }
+        .map_err(|e| e.or_name(name))?;
         let Some(grant) = grant else {
-            return match opts.get_wait() {
+            return match wait {
                 Wait::Try => Ok(None),
-                Wait::For(d) => Err(Error::new(
-                    ErrorKind::Timeout,
-                    backend,
-                    format!("still held by another owner after waiting {d:?}"),
-                )
-                .with_name(name)),
+                Wait::For(d) => Err(timed_out(d)),
                 Wait::Forever => Err(Error::backend_error(
                     backend,
                     "the backend gave up waiting forever without an error",
@@ -224,16 +256,15 @@ impl Locker {
                 .with_name(name)),
             };
         };
-        let held = Arc::new(Held::new(
+        let held = Held::start(
             name.to_owned(),
             backend,
             grant,
             lost,
             opts.get_ttl(),
             opts.get_renew(),
-            &self.watchdog,
-        ));
-        self.watchdog.watch(&held);
+            self.watchdog.clone(),
+        );
         self.owner.0.insert(held.clone());
         Ok(Some(LockGuard::new(held, self.owner.0.clone())))
     }
@@ -246,6 +277,9 @@ impl Locker {
     /// Cancel safe: it only reads.
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         validate_name(self.backend.name(), name)?;
-        self.backend.inspect(name).await
+        self.backend
+            .inspect(name)
+            .await
+            .map_err(|e| e.or_name(name))
     }
 }

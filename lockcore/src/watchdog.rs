@@ -1,42 +1,51 @@
-//! The watchdog: renews leases at about ttl/3 and raises their lost signal.
+//! The watchdog: one timer queue per backend handle, and one task that hands
+//! due leases their check.
 //!
-//! One timer queue per backend handle (shared by a `Locker` and its clones)
-//! and one task that waits on it, instead of a task per lease: taking and
-//! releasing a lease costs a queue insert and remove, and 10,000 held leases
-//! cost 10,000 queue entries. When an entry comes due, a short task renews
-//! the lease (or raises the lost signal when the validity deadline has
-//! passed) and schedules the next check. A failed renewal is retried with
-//! jittered backoff while the lease is still valid; a refused one, or a
-//! backend report that the lease is gone, raises the lost signal.
+//! A lease costs a queue entry, not a task: taking and releasing it is a
+//! queue insert and remove, and 10,000 held leases are 10,000 entries. When
+//! an entry comes due, a short task runs the lease's own
+//! [`check`](Watched::check) (renew, or raise the lost signal) and puts the
+//! lease back in the queue for the instant the check asks for.
+//!
+//! The queue knows leases only as [`Watched`]: the renewal policy lives with
+//! the lease state (`held.rs`). Leases keep their watchdog alive (a strong
+//! reference each), so it runs as long as any lease or handle needs it and
+//! not longer.
 
-use std::future::poll_fn;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::task::JoinHandle;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
-
-use crate::error::ErrorKind;
-use crate::guard::Held;
-use crate::retry::Backoff;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A lease's place in the watchdog.
+/// The future of one check: when to check again, or `None` to stop.
+pub(crate) type CheckFuture = Pin<Box<dyn Future<Output = Option<Instant>> + Send>>;
+
+/// Something the watchdog checks when it comes due.
+pub(crate) trait Watched: Send + Sync + 'static {
+    /// Its place in the queue.
+    fn timer(&self) -> &Timer;
+    /// One check; returns when to check again, or `None` to stop watching.
+    fn check(self: Arc<Self>) -> CheckFuture;
+}
+
+/// A watched item's place in the queue.
 #[derive(Debug, Default)]
 pub(crate) struct Timer {
     key: Mutex<Option<Key>>,
-    failures: AtomicU32,
 }
 
 /// The timer queue of one backend handle.
 #[derive(Default)]
 pub(crate) struct Watchdog {
-    queue: Mutex<DelayQueue<Weak<Held>>>,
+    queue: Mutex<DelayQueue<Weak<dyn Watched>>>,
     runner: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -48,44 +57,26 @@ impl std::fmt::Debug for Watchdog {
     }
 }
 
-/// The queue's resolution is a millisecond and may fire up to one early:
-/// deadlines checked for having passed are scheduled this much later.
-const TIMER_SLACK: Duration = Duration::from_millis(1);
-
-fn renew_interval(ttl: Duration) -> Duration {
-    ttl / 3
-}
-
 impl Watchdog {
-    /// Watches a newly granted lease.
-    pub(crate) fn watch(self: &Arc<Self>, held: &Arc<Held>) {
-        let first = if held.renew {
-            (Instant::now() + renew_interval(held.ttl())).min(held.valid_until())
-        } else {
-            held.valid_until() + TIMER_SLACK
-        };
-        self.schedule(held, first);
-    }
-
-    /// (Re)schedules the next check of `held` at `at`.
-    pub(crate) fn schedule(self: &Arc<Self>, held: &Arc<Held>, at: Instant) {
+    /// (Re)schedules the next check of `item` at `at`.
+    pub(crate) fn schedule(self: &Arc<Self>, item: &Arc<dyn Watched>, at: Instant) {
         {
             let mut queue = lock(&self.queue);
-            let mut key = lock(&held.timer.key);
+            let mut key = lock(&item.timer().key);
             match key.as_ref() {
                 Some(k) => queue.reset_at(k, at.into()),
-                None => *key = Some(queue.insert_at(Arc::downgrade(held), at.into())),
+                None => *key = Some(queue.insert_at(Arc::downgrade(item), at.into())),
             }
         }
         self.ensure_running();
     }
 
-    /// Stops watching `held` (released or abandoned).
-    pub(crate) fn forget(&self, held: &Held) {
-        // Queue first, then key, as everywhere: a lease's key is live in the
-        // queue exactly while it is `Some`, under the queue's lock.
+    /// Stops watching the item whose timer this is.
+    pub(crate) fn forget(&self, timer: &Timer) {
+        // Queue first, then key, as everywhere: a key is live in the queue
+        // exactly while it is `Some`, under the queue's lock.
         let mut queue = lock(&self.queue);
-        if let Some(k) = lock(&held.timer.key).take() {
+        if let Some(k) = lock(&timer.key).take() {
             queue.try_remove(&k);
         }
     }
@@ -99,7 +90,7 @@ impl Watchdog {
     }
 }
 
-/// Hands due leases to `check` until the handle is gone.
+/// Hands due items to their checks until the watchdog is gone.
 async fn run(watchdog: Weak<Watchdog>) {
     loop {
         let due = poll_fn(|cx| {
@@ -111,62 +102,29 @@ async fn run(watchdog: Weak<Watchdog>) {
                 // Empty: the next insert wakes this task.
                 Poll::Ready(None) => Poll::Pending,
                 Poll::Ready(Some(expired)) => {
-                    let held = expired.into_inner().upgrade();
-                    if let Some(h) = &held {
+                    let item = expired.into_inner().upgrade();
+                    if let Some(it) = &item {
                         // The key is spent: clear it before the queue can
-                        // hand the same key to another lease.
-                        *lock(&h.timer.key) = None;
+                        // hand the same key to another item.
+                        *lock(&it.timer().key) = None;
                     }
-                    Poll::Ready(Some((wd.clone(), held)))
+                    Poll::Ready(Some((wd.clone(), item)))
                 }
                 Poll::Pending => Poll::Pending,
             }
         })
         .await;
-        let Some((wd, held)) = due else {
+        let Some((wd, item)) = due else {
             return;
         };
-        let Some(held) = held else {
+        let Some(item) = item else {
             continue;
         };
-        tokio::spawn(check(wd, held));
-    }
-}
-
-/// One check of a due lease: lost, renewed, or retried later.
-async fn check(wd: Arc<Watchdog>, held: Arc<Held>) {
-    if !held.is_held() {
-        // Released, lost, or its validity deadline passed (is_held raised
-        // the lost signal then).
-        return;
-    }
-    if !held.renew {
-        // Not due yet (the deadline was moved by extend): look again then.
-        wd.schedule(&held, held.valid_until() + TIMER_SLACK);
-        return;
-    }
-    let ttl = held.ttl();
-    let sent = Instant::now();
-    match held.renew_now(ttl).await {
-        Ok(()) => {
-            held.timer.failures.store(0, Ordering::Relaxed);
-            let next = (sent + renew_interval(ttl)).min(held.valid_until());
-            wd.schedule(&held, next);
-        }
-        Err(e) if e.kind() == ErrorKind::Lost => {}
-        Err(e) => {
-            let failures = held.timer.failures.fetch_add(1, Ordering::Relaxed);
-            let mut backoff = Backoff::new(
-                (ttl / 30).max(Duration::from_millis(10)),
-                (ttl / 6).max(Duration::from_millis(20)),
-            );
-            let mut delay = backoff.next_delay();
-            for _ in 0..failures.min(16) {
-                delay = backoff.next_delay();
+        tokio::spawn(async move {
+            if let Some(next) = item.clone().check().await {
+                wd.schedule(&item, next);
             }
-            tracing::warn!(backend = held.backend, name = %held.name, error = %e, retry_in = ?delay, "lease renewal failed; retrying while the lease is valid");
-            wd.schedule(&held, (Instant::now() + delay).min(held.valid_until()));
-        }
+        });
     }
 }
 

@@ -1,0 +1,365 @@
+//! The state of one held lease, shared by its guards (one per hold) and the
+//! watchdog: validity, renewal in send order, the lost signal, release.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{BackendLease, Grant, Released, Renewal};
+use crate::error::{Error, ErrorKind, Result};
+use crate::retry::Backoff;
+use crate::sync::lock;
+use crate::watchdog::{CheckFuture, Timer, Watchdog, Watched};
+
+/// The queue's resolution is a millisecond and may fire up to one early:
+/// deadlines checked for having passed are scheduled this much later.
+const TIMER_SLACK: Duration = Duration::from_millis(1);
+
+fn renew_interval(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// One lease, shared by its guards and its watchdog.
+pub(crate) struct Held {
+    pub(crate) name: String,
+    pub(crate) backend: &'static str,
+    pub(crate) fence: Option<u64>,
+    pub(crate) lease: Box<dyn BackendLease>,
+    pub(crate) lost: CancellationToken,
+    pub(crate) renew: bool,
+    pub(crate) holds: AtomicUsize,
+    timer: Timer,
+    /// A strong reference: the lease keeps its renewals going however long
+    /// it outlives the `Locker` it came from.
+    watchdog: Arc<Watchdog>,
+    /// One renewal at a time, so results apply in the order sent.
+    renewing: tokio::sync::Mutex<()>,
+    failures: AtomicU32,
+    ttl: Mutex<Duration>,
+    valid_until: Mutex<Instant>,
+    released: AtomicBool,
+    lost_reason: OnceLock<&'static str>,
+    lost_at: OnceLock<Instant>,
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("name", &self.name)
+            .field("backend", &self.backend)
+            .field("fence", &self.fence)
+            .field("lost", &self.lost.is_cancelled())
+            .field("released", &self.released.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Held {
+    /// A new lease from `grant`, watched by `watchdog` from now on.
+    pub(crate) fn start(
+        name: String,
+        backend: &'static str,
+        grant: Grant,
+        lost: CancellationToken,
+        ttl: Duration,
+        renew: bool,
+        watchdog: Arc<Watchdog>,
+    ) -> Arc<Held> {
+        let held = Arc::new(Held {
+            name,
+            backend,
+            fence: grant.fence,
+            lease: grant.lease,
+            lost,
+            renew,
+            holds: AtomicUsize::new(1),
+            timer: Timer::default(),
+            watchdog,
+            renewing: tokio::sync::Mutex::new(()),
+            failures: AtomicU32::new(0),
+            ttl: Mutex::new(ttl),
+            valid_until: Mutex::new(grant.valid_until),
+            released: AtomicBool::new(false),
+            lost_reason: OnceLock::new(),
+            lost_at: OnceLock::new(),
+        });
+        let first = if renew {
+            (Instant::now() + renew_interval(ttl)).min(held.valid_until())
+        } else {
+            held.valid_until() + TIMER_SLACK
+        };
+        held.schedule(first);
+        held
+    }
+
+    fn schedule(self: &Arc<Self>, at: Instant) {
+        let me: Arc<dyn Watched> = self.clone();
+        self.watchdog.schedule(&me, at);
+    }
+
+    /// Schedules the next check after `extend` changed the lease.
+    pub(crate) fn rescheduled(self: &Arc<Self>) {
+        let next = if self.renew {
+            Instant::now() + renew_interval(self.ttl())
+        } else {
+            self.valid_until() + TIMER_SLACK
+        };
+        self.schedule(next);
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        *lock(&self.ttl)
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<&'static str> {
+        self.lost_reason.get().copied()
+    }
+
+    pub(crate) fn lost_at(&self) -> Option<Instant> {
+        self.lost_at.get().copied()
+    }
+
+    pub(crate) fn stop_watchdog(&self) {
+        self.watchdog.forget(&self.timer);
+    }
+
+    /// Raises the lost signal (once) with a reason.
+    pub(crate) fn mark_lost(&self, reason: &'static str) {
+        let _ = self.lost_at.set(Instant::now().min(self.valid_until()));
+        if self.lost_reason.set(reason).is_ok() && !self.released.load(Ordering::Relaxed) {
+            tracing::warn!(backend = self.backend, name = %self.name, fence = ?self.fence, reason, "lock lease lost");
+        }
+        self.lost.cancel();
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        if self.released.load(Ordering::Acquire) || self.lost.is_cancelled() {
+            return false;
+        }
+        if Instant::now() >= self.valid_until() {
+            self.mark_lost("the validity deadline passed without a successful renewal");
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn lost_error(&self, what: &str) -> Error {
+        let reason = self
+            .lost_reason
+            .get()
+            .copied()
+            .unwrap_or("the lease is no longer held");
+        Error::new(ErrorKind::Lost, self.backend, format!("{what}: {reason}"))
+            .with_name(self.name.clone())
+    }
+
+    /// Releases the lease on the server (the last hold is gone).
+    pub(crate) async fn release_lease(&self) -> Result<()> {
+        self.stop_watchdog();
+        let was_lost = !self.is_held();
+        self.released.store(true, Ordering::Release);
+        match self.lease.release().await {
+            Ok(Released::Released) if !was_lost => Ok(()),
+            Ok(Released::Released) => Err(self.lost_error(
+                "released, but the lease had been lost before (the server still had it)",
+            )),
+            Ok(Released::NotHeld) => {
+                self.mark_lost("the server no longer held the lease at release");
+                Err(self.lost_error("release found the lease gone"))
+            }
+            Err(e) => Err(e.or_name(&self.name)),
+        }
+    }
+
+    /// Renews now, with `ttl` from then on if given (else the current ttl).
+    /// Renewals run one at a time, so their results apply in the order they
+    /// were sent: a slow earlier reply never overwrites a later one.
+    pub(crate) async fn renew_now(&self, ttl: Option<Duration>) -> Result<()> {
+        let _turn = self.renewing.lock().await;
+        if !self.is_held() {
+            return Err(self.lost_error("cannot renew"));
+        }
+        let use_ttl = ttl.unwrap_or_else(|| self.ttl());
+        let deadline = self.valid_until();
+        match tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl)).await {
+            Ok(Ok(Renewal::Renewed { valid_until })) => {
+                if !self.lost.is_cancelled() {
+                    *lock(&self.valid_until) = valid_until;
+                    if let Some(t) = ttl {
+                        *lock(&self.ttl) = t;
+                    }
+                }
+                Ok(())
+            }
+            Ok(Ok(Renewal::Lost)) => {
+                self.mark_lost(
+                    "renewal refused: the server no longer holds this lease for this owner",
+                );
+                Err(self.lost_error("renewal refused"))
+            }
+            Ok(Err(e)) if e.kind() == ErrorKind::Lost => {
+                self.mark_lost("the backend reported the lease lost during renewal");
+                Err(e.or_name(&self.name))
+            }
+            Ok(Err(e)) => Err(e.or_name(&self.name)),
+            Err(_) => {
+                self.mark_lost("the validity deadline passed while a renewal was in flight");
+                Err(self.lost_error("renewal did not answer before the validity deadline"))
+            }
+        }
+    }
+
+    /// The watchdog's check: renew (or look again at the validity deadline
+    /// when renewal is off); retry a failed renewal with jittered backoff
+    /// while the lease is valid; stop once it is lost or released.
+    async fn watchdog_check(self: Arc<Self>) -> Option<Instant> {
+        if !self.is_held() {
+            // Released, lost, or its validity deadline passed (is_held raised
+            // the lost signal then).
+            return None;
+        }
+        if !self.renew {
+            // Not due yet (the deadline was moved by extend): look again then.
+            return Some(self.valid_until() + TIMER_SLACK);
+        }
+        let sent = Instant::now();
+        match self.renew_now(None).await {
+            Ok(()) => {
+                self.failures.store(0, Ordering::Relaxed);
+                Some((sent + renew_interval(self.ttl())).min(self.valid_until()))
+            }
+            Err(e) if e.kind() == ErrorKind::Lost => None,
+            Err(e) => {
+                let ttl = self.ttl();
+                let failures = self.failures.fetch_add(1, Ordering::Relaxed);
+                let mut backoff = Backoff::new(
+                    (ttl / 30).max(Duration::from_millis(10)),
+                    (ttl / 6).max(Duration::from_millis(20)),
+                );
+                let mut delay = backoff.next_delay();
+                for _ in 0..failures.min(16) {
+                    delay = backoff.next_delay();
+                }
+                tracing::warn!(backend = self.backend, name = %self.name, error = %e, retry_in = ?delay, "lease renewal failed; retrying while the lease is valid");
+                Some((Instant::now() + delay).min(self.valid_until()))
+            }
+        }
+    }
+}
+
+impl Watched for Held {
+    fn timer(&self) -> &Timer {
+        &self.timer
+    }
+
+    fn check(self: Arc<Self>) -> CheckFuture {
+        Box::pin(self.watchdog_check())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use async_trait::async_trait;
+
+    use crate::backend::{AcquireRequest, Backend, BackendLease, Grant, Released, Renewal};
+    use crate::memory::MemoryBackend;
+    use crate::{Capabilities, LockOptions, Locker, Result, Wait};
+
+    /// The memory server, whose renewal replies reach the client late, by a
+    /// script of delays: the server applies each renewal at once.
+    #[derive(Debug, Clone)]
+    struct LateReplies {
+        server: MemoryBackend,
+        delays: Arc<Mutex<VecDeque<Duration>>>,
+    }
+
+    #[derive(Debug)]
+    struct LateLease {
+        inner: Box<dyn BackendLease>,
+        delays: Arc<Mutex<VecDeque<Duration>>>,
+    }
+
+    #[async_trait]
+    impl Backend for LateReplies {
+        fn name(&self) -> &'static str {
+            "late-replies"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            self.server.capabilities()
+        }
+
+        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+            Ok(self.server.acquire(req).await?.map(|g| Grant {
+                lease: Box::new(LateLease {
+                    inner: g.lease,
+                    delays: self.delays.clone(),
+                }),
+                ..g
+            }))
+        }
+    }
+
+    #[async_trait]
+    impl BackendLease for LateLease {
+        async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+            let r = self.inner.renew(ttl).await;
+            let delay = crate::sync::lock(&self.delays)
+                .pop_front()
+                .unwrap_or_default();
+            tokio::time::sleep(delay).await;
+            r
+        }
+
+        async fn release(&self) -> Result<Released> {
+            self.inner.release().await
+        }
+    }
+
+    /// `extend(1 s)` sent while the reply to an earlier `extend(30 s)` is
+    /// still on its way: the server keeps the later one (1 s), and so must
+    /// the client, whatever order the replies arrive in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn renewals_apply_in_the_order_sent() {
+        let server = MemoryBackend::new();
+        let late = LateReplies {
+            server: server.clone(),
+            delays: Arc::new(Mutex::new(
+                [Duration::from_millis(300), Duration::ZERO].into(),
+            )),
+        };
+        let l = Locker::new(late);
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Wait::Try)
+            .renew(false);
+        let g = l.acquire("x", &opts).await.unwrap().unwrap();
+        let (first, second) = tokio::join!(g.extend(Duration::from_secs(30)), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.extend(Duration::from_secs(1)).await
+        });
+        first.unwrap();
+        second.unwrap();
+        let info = server.inspect("x").await.unwrap().unwrap();
+        let left = info.holder.unwrap().ttl_remaining.unwrap();
+        let server_expiry = Instant::now() + left;
+        let client = g.valid_until().unwrap();
+        assert!(
+            client <= server_expiry + Duration::from_millis(5),
+            "the client counts the lease valid {:?} past the server's expiry",
+            client.saturating_duration_since(server_expiry)
+        );
+        assert_eq!(g.ttl(), Duration::from_secs(1));
+    }
+}
