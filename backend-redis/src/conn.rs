@@ -1,13 +1,15 @@
 //! Connections (one instance through the connection manager, or a cluster),
 //! the Lua scripts, key names, and error mapping.
 
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use lockcore::sync::lock;
 use lockcore::{Error, ErrorKind, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisError, Script};
+use redis::{FromRedisValue, RedisError, RedisResult, Script};
 
 use crate::config::{Node, RedisConfig, NAME};
 
@@ -67,6 +69,12 @@ pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
 /// as a plain string with a PX expiry), `<prefix>{<name>}:fence` (the fencing
 /// counter) and the pub/sub channel `<prefix>{<name>}:released`. The braces
 /// are a hash tag: both keys live in one cluster slot whatever the name.
+///
+/// A name that starts with `}` would give an empty hash tag (`{}`), which
+/// Redis Cluster ignores, hashing each whole key to its own slot; such names
+/// map to `<prefix>#{<name in hex>}` instead (and its `:fence`,
+/// `:released`). No other name maps there: every other key has `{` right
+/// after the prefix.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
@@ -76,7 +84,12 @@ pub(crate) struct Keys {
 
 impl Keys {
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
-        let lock = format!("{prefix}{{{name}}}");
+        let lock = if name.starts_with('}') {
+            let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+            format!("{prefix}#{{{hex}}}")
+        } else {
+            format!("{prefix}{{{name}}}")
+        };
         Keys {
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
@@ -85,10 +98,186 @@ impl Keys {
     }
 }
 
+/// Whether `e` says the connection it came from may be dead (a timeout, an
+/// I/O error, a dropped connection), so that it should be replaced.
+fn connection_suspect(e: &RedisError) -> bool {
+    e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// A connection to one instance that replaces itself once it stops
+/// answering.
+///
+/// The client library's `ConnectionManager` reconnects on a dropped
+/// connection, but keeps one that went silent (a half-open TCP connection,
+/// after a network drop or a failover) and times out every request on it
+/// forever. Here a request that times out (or a caller that gave up on one)
+/// gets the connection checked with a `PING`, and replaced if that fails too.
+pub(crate) struct Managed {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    response_timeout: Duration,
+    current: Mutex<(u64, ConnectionManager)>,
+    checking: AtomicBool,
+}
+
+impl std::fmt::Debug for Managed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Managed")
+            .field("generation", &lock(&self.current).0)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Managed {
+    fn config(cfg: &RedisConfig) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(cfg.connect_timeout))
+            .set_response_timeout(Some(cfg.response_timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500))
+    }
+
+    /// Connects now, failing with `Unavailable` when the instance does not
+    /// answer within the connect timeout.
+    pub(crate) async fn connect(node: &Node, cfg: &RedisConfig) -> Result<Arc<Managed>> {
+        let client = client(node, cfg)?;
+        let config = Managed::config(cfg);
+        let fut = ConnectionManager::new_with_config(client.clone(), config.clone());
+        let manager = match tokio::time::timeout(cfg.connect_timeout * 3, fut).await {
+            Ok(r) => r.map_err(|e| map_err(e, "connect", &node.to_string(), false))?,
+            Err(_) => {
+                return Err(Error::unavailable(
+                    NAME,
+                    format!(
+                        "connect to {node}: no answer within {:?}",
+                        cfg.connect_timeout * 3
+                    ),
+                ))
+            }
+        };
+        Ok(Arc::new(Managed {
+            client,
+            config,
+            response_timeout: cfg.response_timeout,
+            current: Mutex::new((0, manager)),
+            checking: AtomicBool::new(false),
+        }))
+    }
+
+    /// Connects in the background: requests wait for the connection (and
+    /// fail by their own timeouts while the instance is down).
+    pub(crate) fn lazy(node: &Node, cfg: &RedisConfig) -> Result<Arc<Managed>> {
+        let client = client(node, cfg)?;
+        let config = Managed::config(cfg);
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(|e| map_err(e, "connect", &node.to_string(), false))?;
+        let m = Arc::new(Managed {
+            client,
+            config,
+            response_timeout: cfg.response_timeout,
+            current: Mutex::new((0, manager)),
+            checking: AtomicBool::new(false),
+        });
+        m.warm_up();
+        Ok(m)
+    }
+
+    /// Waits until the connection answers a `PING`, up to `within`.
+    pub(crate) async fn ready(&self, within: Duration) -> bool {
+        let (_, mut c) = self.get();
+        ping(&mut c, within).await
+    }
+
+    /// [`suspect`](Managed::suspect) the current connection.
+    pub(crate) fn suspect_current(self: &Arc<Self>) {
+        let gen = lock(&self.current).0;
+        self.suspect(gen);
+    }
+
+    /// The current connection and its generation.
+    pub(crate) fn get(&self) -> (u64, ConnectionManager) {
+        let cur = lock(&self.current);
+        (cur.0, cur.1.clone())
+    }
+
+    /// Notes the outcome of a request made on generation `gen`.
+    pub(crate) fn after<T>(self: &Arc<Self>, gen: u64, r: &RedisResult<T>) {
+        if let Err(e) = r {
+            if connection_suspect(e) {
+                self.suspect(gen);
+            }
+        }
+    }
+
+    /// A request on generation `gen` failed or was given up on: check the
+    /// connection with a `PING` in the background, and replace it if that
+    /// does not answer either.
+    pub(crate) fn suspect(self: &Arc<Self>, gen: u64) {
+        if self.checking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.clone();
+        spawn_detached(async move {
+            let (now, mut c) = me.get();
+            if now == gen && !ping(&mut c, me.response_timeout).await {
+                me.replace(gen);
+            }
+            me.checking.store(false, Ordering::Release);
+        });
+    }
+
+    fn replace(self: &Arc<Self>, gen: u64) {
+        {
+            let mut cur = lock(&self.current);
+            if cur.0 != gen {
+                return;
+            }
+            match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+            {
+                Ok(m) => *cur = (gen + 1, m),
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not set up a new Redis connection");
+                    return;
+                }
+            }
+        }
+        tracing::debug!(
+            generation = gen + 1,
+            "replaced a Redis connection that stopped answering"
+        );
+        self.warm_up();
+    }
+
+    /// Starts connecting now rather than on the next request.
+    fn warm_up(self: &Arc<Self>) {
+        let (_, mut c) = self.get();
+        let limit = self.response_timeout * 4;
+        spawn_detached(async move {
+            let _ = ping(&mut c, limit).await;
+        });
+    }
+}
+
+/// Whether `c` answers a `PING` within `within`.
+async fn ping(c: &mut ConnectionManager, within: Duration) -> bool {
+    let cmd = redis::cmd("PING");
+    matches!(
+        tokio::time::timeout(within, cmd.query_async::<String>(c)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Runs `fut` in the background on the current runtime, if there is one.
+fn spawn_detached(fut: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(h) = tokio::runtime::Handle::try_current() {
+        h.spawn(fut);
+    }
+}
+
 /// A connection to one instance or to a cluster; cheap to clone.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    Single(Arc<Managed>),
     Cluster(ClusterConnection),
 }
 
@@ -108,7 +297,7 @@ impl Conn {
         script: &Script,
         keys: &[&str],
         args: &[&str],
-    ) -> redis::RedisResult<T> {
+    ) -> RedisResult<T> {
         let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(*k);
@@ -117,15 +306,25 @@ impl Conn {
             inv.arg(*a);
         }
         match self {
-            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Conn::Single(m) => {
+                let (gen, mut c) = m.get();
+                let r = inv.invoke_async(&mut c).await;
+                m.after(gen, &r);
+                r
+            }
             Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
         }
     }
 
     /// Runs a command.
-    pub(crate) async fn cmd<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    pub(crate) async fn cmd<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
         match self {
-            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Single(m) => {
+                let (gen, mut c) = m.get();
+                let r = cmd.query_async(&mut c).await;
+                m.after(gen, &r);
+                r
+            }
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
     }
@@ -168,28 +367,6 @@ pub(crate) fn client(node: &Node, cfg: &RedisConfig) -> Result<redis::Client> {
             NAME,
             "TLS (rediss://) needs the `tls` feature of lockcore-redis (in distlock: the `full` feature)",
         ))
-    }
-}
-
-/// Connects to one instance through the connection manager (which
-/// reconnects), with the configured timeouts.
-pub(crate) async fn connect_single(node: &Node, cfg: &RedisConfig) -> Result<ConnectionManager> {
-    let client = client(node, cfg)?;
-    let mcfg = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(cfg.connect_timeout))
-        .set_response_timeout(Some(cfg.response_timeout))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(500));
-    let fut = ConnectionManager::new_with_config(client, mcfg);
-    match tokio::time::timeout(cfg.connect_timeout * 3, fut).await {
-        Ok(r) => r.map_err(|e| map_err(e, "connect", &node.to_string(), false)),
-        Err(_) => Err(Error::unavailable(
-            NAME,
-            format!(
-                "connect to {node}: no answer within {:?}",
-                cfg.connect_timeout * 3
-            ),
-        )),
     }
 }
 

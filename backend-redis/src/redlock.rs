@@ -21,35 +21,22 @@ use lockcore::backend::validity_deadline;
 use lockcore::cleanup::CleanupOnDrop;
 use lockcore::retry::jitter_between;
 use lockcore::{
-    AcquireRequest, Backend, BackendLease, Capabilities, Error, Fencing, Grant, LeaseKind,
-    Released, Renewal, Result,
+    AcquireRequest, Backend, BackendLease, Capabilities, Error, ErrorKind, Fencing, Grant,
+    LeaseKind, Released, Renewal, Result,
 };
-use redis::aio::ConnectionManager;
-use tokio::sync::Mutex;
+use std::sync::Arc;
 
-use crate::config::{Node, RedisConfig, Topology, NAME};
-use crate::conn::{connect_single, ttl_ms, Conn, Keys, ACQUIRE_PLAIN, RELEASE, RENEW};
+use crate::config::{RedisConfig, Topology, NAME};
+use crate::conn::{ttl_ms, Conn, Keys, Managed, ACQUIRE_PLAIN, RELEASE, RENEW};
 use crate::single::wait_turn;
 use crate::wake::{Subscription, Wakeups};
 
-/// One master, connected on first use (and again after a failed connect).
+/// One master: its connection (made in the background, replaced when it
+/// stops answering) and its wake-ups.
 #[derive(Debug)]
 struct Instance {
-    node: Node,
-    conn: Mutex<Option<ConnectionManager>>,
+    conn: Arc<Managed>,
     wake: Wakeups,
-}
-
-impl Instance {
-    async fn conn(&self, cfg: &RedisConfig) -> Result<Conn> {
-        let mut slot = self.conn.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(Conn::Single(c.clone()));
-        }
-        let c = connect_single(&self.node, cfg).await?;
-        *slot = Some(c.clone());
-        Ok(Conn::Single(c))
-    }
 }
 
 /// Locks by RedLock over independent Redis masters.
@@ -60,8 +47,9 @@ pub struct RedLockBackend {
 }
 
 impl RedLockBackend {
-    /// Sets up the instances of a `redlock://` configuration. Connections
-    /// are made on first use, so instances that are down now can join later.
+    /// Sets up the instances of a `redlock://` configuration and connects to
+    /// them in parallel, waiting up to the connect timeout; an instance that
+    /// is down now keeps being connected in the background and joins later.
     ///
     /// # Cancel safety
     ///
@@ -77,13 +65,13 @@ impl RedLockBackend {
         for node in nodes {
             let client = crate::conn::client(node, &cfg)?;
             instances.push(Instance {
-                node: node.clone(),
-                conn: Mutex::new(None),
+                conn: Managed::lazy(node, &cfg)?,
                 wake: Wakeups::new(client, cfg.response_timeout),
             });
         }
+        join_all(instances.iter().map(|i| i.conn.ready(cfg.connect_timeout))).await;
         Ok(RedLockBackend {
-            instances: std::sync::Arc::new(instances),
+            instances: Arc::new(instances),
             cfg,
         })
     }
@@ -104,7 +92,6 @@ impl RedLockBackend {
 /// `Some(reply)` per instance that answered.
 async fn on_all(
     instances: &[Instance],
-    cfg: &RedisConfig,
     limit: Duration,
     script: &redis::Script,
     key: &str,
@@ -112,37 +99,51 @@ async fn on_all(
 ) -> Vec<Option<(i64, i64)>> {
     join_all(instances.iter().map(|i| async move {
         let call = async {
-            let conn = i.conn(cfg).await.ok()?;
-            let r: redis::RedisResult<redis::Value> = conn.script(script, &[key], args).await;
+            let r: redis::RedisResult<redis::Value> = Conn::Single(i.conn.clone())
+                .script(script, &[key], args)
+                .await;
             match r.ok()? {
                 redis::Value::Int(n) => Some((n, 0)),
                 v => redis::from_redis_value::<(i64, i64)>(v).ok(),
             }
         };
-        tokio::time::timeout(limit, call).await.ok().flatten()
+        match tokio::time::timeout(limit, call).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                // Slow or silent: have the connection checked.
+                i.conn.suspect_current();
+                None
+            }
+        }
     }))
     .await
 }
 
+/// How a release went on the instances.
+#[derive(Debug, Clone, Copy)]
+struct ReleaseCount {
+    released: usize,
+    refused: usize,
+}
+
 async fn release_all(
-    instances: std::sync::Arc<Vec<Instance>>,
-    cfg: RedisConfig,
+    instances: Arc<Vec<Instance>>,
+    limit: Duration,
     keys: Keys,
     token: String,
-) -> usize {
-    let limit = cfg.response_timeout;
-    on_all(
+) -> ReleaseCount {
+    let replies = on_all(
         &instances,
-        &cfg,
         limit,
         &RELEASE,
         &keys.lock,
         &[&token, &keys.channel],
     )
-    .await
-    .iter()
-    .filter(|r| matches!(r, Some((1, _))))
-    .count()
+    .await;
+    ReleaseCount {
+        released: replies.iter().filter(|r| matches!(r, Some((1, _)))).count(),
+        refused: replies.iter().filter(|r| matches!(r, Some((0, _)))).count(),
+    }
 }
 
 #[async_trait]
@@ -165,7 +166,7 @@ impl Backend for RedLockBackend {
             let started = Instant::now();
             let undo = (
                 self.instances.clone(),
-                self.cfg.clone(),
+                self.cfg.response_timeout,
                 keys.clone(),
                 token.clone(),
             );
@@ -177,7 +178,6 @@ impl Backend for RedLockBackend {
             );
             let replies = on_all(
                 &self.instances,
-                &self.cfg,
                 limit,
                 &ACQUIRE_PLAIN,
                 &keys.lock,
@@ -192,7 +192,7 @@ impl Backend for RedLockBackend {
                 return Ok(Some(Grant {
                     lease: Box::new(RedLockLease {
                         instances: self.instances.clone(),
-                        cfg: self.cfg.clone(),
+                        response_timeout: self.cfg.response_timeout,
                         keys,
                         token,
                         quorum: self.quorum(),
@@ -241,8 +241,8 @@ impl Backend for RedLockBackend {
 
 #[derive(Debug)]
 struct RedLockLease {
-    instances: std::sync::Arc<Vec<Instance>>,
-    cfg: RedisConfig,
+    instances: Arc<Vec<Instance>>,
+    response_timeout: Duration,
     keys: Keys,
     token: String,
     quorum: usize,
@@ -255,7 +255,6 @@ impl BackendLease for RedLockLease {
         let sent = Instant::now();
         let replies = on_all(
             &self.instances,
-            &self.cfg,
             self.limit,
             &RENEW,
             &self.keys.lock,
@@ -281,18 +280,33 @@ impl BackendLease for RedLockLease {
         ))
     }
 
+    /// Compare-and-delete on every instance: `Released` once any instance
+    /// released it, `NotHeld` when a majority answered that it was not
+    /// this owner's; otherwise (too few answers) `Indeterminate`, and the
+    /// keys that remain end by their ttl.
     async fn release(&self) -> Result<Released> {
-        let released = release_all(
+        let n = release_all(
             self.instances.clone(),
-            self.cfg.clone(),
+            self.response_timeout,
             self.keys.clone(),
             self.token.clone(),
         )
         .await;
-        Ok(if released >= 1 {
-            Released::Released
-        } else {
-            Released::NotHeld
-        })
+        if n.released >= 1 {
+            return Ok(Released::Released);
+        }
+        if n.refused >= self.quorum {
+            return Ok(Released::NotHeld);
+        }
+        Err(Error::new(
+            ErrorKind::Indeterminate,
+            NAME,
+            format!(
+                "RedLock release: {} of {} instances answered, none released the lease ({} refused); the keys that remain end by their ttl",
+                n.released + n.refused,
+                self.instances.len(),
+                n.refused
+            ),
+        ))
     }
 }

@@ -40,7 +40,7 @@ impl RedisBackend {
     pub async fn connect(cfg: RedisConfig) -> Result<Self> {
         let (conn, wake_node, server) = match &cfg.topology {
             Topology::Single(node) => (
-                Conn::Single(conn::connect_single(node, &cfg).await?),
+                Conn::Single(conn::Managed::connect(node, &cfg).await?),
                 node.clone(),
                 node.to_string(),
             ),
@@ -120,7 +120,7 @@ pub(crate) async fn wait_turn(subs: &mut [Subscription], holder_pttl: i64, deadl
         Err(_) if holder_pttl == -2 => Duration::ZERO, // gone meanwhile
         Err(_) => FALLBACK_POLL,                       // no expiry, or unknown
     };
-    let nap = if subs.iter().any(|s| s.live) {
+    let nap = if subs.iter().any(Subscription::live) {
         nap
     } else {
         nap.min(Duration::from_millis(100))

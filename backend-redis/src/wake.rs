@@ -1,50 +1,81 @@
-//! Push wake-ups: one pub/sub connection per server, shared by all waiters.
+//! Push wake-ups: one pub/sub connection per server, shared by all waiters,
+//! kept by one task.
 //!
 //! A waiter subscribes to its lock's release channel *before* retrying, so a
 //! release between its failed attempt and its wait is not missed: the
 //! release script publishes on the channel and every local waiter on it is
-//! woken. Subscriptions are counted per channel and dropped with the last
-//! waiter. If the pub/sub connection fails, waiters fall back to a bounded
-//! poll until it is re-established by the next subscription.
+//! woken. Channels are counted per waiter and unsubscribed with the last one.
+//!
+//! The connection belongs to one task, which is the only one to touch it:
+//! it subscribes and unsubscribes on request, pings the connection every
+//! second while any channel is wanted (a silent, half-open connection is
+//! found out within a ping and its timeout), and after any failure connects
+//! again and subscribes every channel still wanted, then wakes every waiter
+//! to retry (a release may have gone unheard meanwhile). While the
+//! connection is down, waiters fall back to a bounded poll. Every request
+//! on the connection has the response timeout; nothing waits on it
+//! unbounded.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::PubSubSink;
-use tokio::sync::watch;
+use lockcore::retry::Backoff;
+use lockcore::sync::lock;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// How often the task pings a connection that carries subscriptions.
+const PING_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct Chan {
     tx: watch::Sender<u64>,
     users: usize,
+    /// The server confirmed the subscription on the current connection.
+    confirmed: bool,
 }
 
-#[derive(Default)]
+enum Request {
+    Subscribe(String, oneshot::Sender<bool>),
+    Unsubscribe(String),
+}
+
 struct Inner {
-    sink: tokio::sync::Mutex<Option<(PubSubSink, Arc<AtomicBool>)>>,
+    client: redis::Client,
+    timeout: Duration,
     channels: Mutex<HashMap<String, Chan>>,
-}
-
-fn chans(inner: &Inner) -> std::sync::MutexGuard<'_, HashMap<String, Chan>> {
-    inner
-        .channels
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+    requests: mpsc::UnboundedSender<Request>,
+    /// The task's receiving end until the task starts.
+    pending: Mutex<Option<mpsc::UnboundedReceiver<Request>>>,
+    started: AtomicBool,
 }
 
 impl Inner {
     fn wake(&self, channel: &str) {
-        if let Some(c) = chans(self).get(channel) {
+        if let Some(c) = lock(&self.channels).get(channel) {
             c.tx.send_modify(|v| *v += 1);
         }
     }
 
-    fn wake_all(&self) {
-        for c in chans(self).values() {
+    /// Marks every channel unconfirmed (the connection is gone) and wakes
+    /// every waiter to retry by itself.
+    fn disconnected(&self) {
+        for c in lock(&self.channels).values_mut() {
+            c.confirmed = false;
             c.tx.send_modify(|v| *v += 1);
+        }
+    }
+
+    fn wanted(&self) -> Vec<String> {
+        lock(&self.channels).keys().cloned().collect()
+    }
+
+    fn confirm(&self, channel: &str) {
+        if let Some(c) = lock(&self.channels).get_mut(channel) {
+            c.confirmed = true;
         }
     }
 }
@@ -52,15 +83,13 @@ impl Inner {
 /// The wake-up hub of one server.
 #[derive(Clone)]
 pub(crate) struct Wakeups {
-    client: redis::Client,
-    timeout: Duration,
     inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Wakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Wakeups")
-            .field("channels", &chans(&self.inner).len())
+            .field("channels", &lock(&self.inner.channels).len())
             .finish()
     }
 }
@@ -70,11 +99,17 @@ pub(crate) struct Subscription {
     inner: Arc<Inner>,
     channel: String,
     rx: watch::Receiver<u64>,
-    /// Whether the server confirmed the subscription (else: poll).
-    pub(crate) live: bool,
 }
 
 impl Subscription {
+    /// Whether a release on the channel reaches this waiter by a push now
+    /// (else it polls).
+    pub(crate) fn live(&self) -> bool {
+        lock(&self.inner.channels)
+            .get(&self.channel)
+            .is_some_and(|c| c.confirmed)
+    }
+
     /// Resolves at the next wake-up on the channel (or a reconnect).
     pub(crate) async fn changed(&mut self) {
         if self.rx.changed().await.is_err() {
@@ -86,7 +121,7 @@ impl Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let last = {
-            let mut map = chans(&self.inner);
+            let mut map = lock(&self.inner.channels);
             match map.get_mut(&self.channel) {
                 Some(c) if c.users > 1 => {
                     c.users -= 1;
@@ -100,90 +135,191 @@ impl Drop for Subscription {
             }
         };
         if last {
-            let (inner, channel) = (self.inner.clone(), std::mem::take(&mut self.channel));
-            lockcore::cleanup::spawn_cleanup("unsubscribe a release channel", async move {
-                let mut sink = inner.sink.lock().await;
-                // A new waiter may have subscribed again meanwhile.
-                if chans(&inner).contains_key(&channel) {
-                    return;
-                }
-                if let Some((s, _)) = sink.as_mut() {
-                    let _ = s.unsubscribe(&channel).await;
-                }
-            });
+            let channel = std::mem::take(&mut self.channel);
+            let _ = self.inner.requests.send(Request::Unsubscribe(channel));
         }
     }
 }
 
 impl Wakeups {
     pub(crate) fn new(client: redis::Client, timeout: Duration) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
         Wakeups {
-            client,
-            timeout,
-            inner: Arc::default(),
+            inner: Arc::new(Inner {
+                client,
+                timeout,
+                channels: Mutex::default(),
+                requests: tx,
+                pending: Mutex::new(Some(rx)),
+                started: AtomicBool::new(false),
+            }),
         }
     }
 
-    /// Subscribes to `channel`; returns once the server confirmed it, or with
-    /// `live == false` when it could not (the caller polls then).
+    /// Subscribes to `channel`; returns once the server confirmed it, or
+    /// after the response timeout without (the waiter polls until the task
+    /// confirms it).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the subscription is dropped with the future, and
+    /// unsubscribed if it was the channel's last.
     pub(crate) async fn subscribe(&self, channel: &str) -> Subscription {
-        let rx = {
-            let mut map = chans(&self.inner);
+        self.start();
+        let (rx, first) = {
+            let mut map = lock(&self.inner.channels);
             let c = map.entry(channel.to_owned()).or_insert_with(|| Chan {
                 tx: watch::channel(0).0,
                 users: 0,
+                confirmed: false,
             });
             c.users += 1;
-            c.tx.subscribe()
+            (c.tx.subscribe(), c.users == 1 || !c.confirmed)
         };
-        let mut sub = Subscription {
+        let sub = Subscription {
             inner: self.inner.clone(),
             channel: channel.to_owned(),
             rx,
-            live: false,
         };
-        match tokio::time::timeout(self.timeout, self.confirm(channel)).await {
-            Ok(Ok(())) => sub.live = true,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "release channel subscription failed; polling")
+        if first {
+            let (tx, done) = oneshot::channel();
+            if self
+                .inner
+                .requests
+                .send(Request::Subscribe(channel.to_owned(), tx))
+                .is_ok()
+            {
+                let _ = tokio::time::timeout(self.inner.timeout, done).await;
             }
-            Err(_) => tracing::debug!("release channel subscription timed out; polling"),
         }
         sub
     }
 
-    async fn confirm(&self, channel: &str) -> redis::RedisResult<()> {
-        let mut guard = self.inner.sink.lock().await;
-        if guard
-            .as_ref()
-            .is_some_and(|(_, alive)| !alive.load(Ordering::Acquire))
-        {
-            *guard = None;
+    fn start(&self) {
+        if self.inner.started.swap(true, Ordering::AcqRel) {
+            return;
         }
-        if guard.is_none() {
-            let (sink, mut stream) = self.client.get_async_pubsub().await?.split();
-            let alive = Arc::new(AtomicBool::new(true));
-            let (weak, flag) = (Arc::downgrade(&self.inner), alive.clone());
-            tokio::spawn(async move {
-                while let Some(msg) = stream.next().await {
-                    let Some(inner) = weak.upgrade() else { return };
-                    inner.wake(msg.get_channel_name());
-                }
-                flag.store(false, Ordering::Release);
-                if let Some(inner) = weak.upgrade() {
-                    // Whoever waited on this connection re-polls.
-                    inner.wake_all();
-                }
-            });
-            *guard = Some((sink, alive));
-        }
-        let Some((sink, _)) = guard.as_mut() else {
-            return Ok(());
+        let Some(rx) = lock(&self.inner.pending).take() else {
+            return;
         };
-        let r = sink.subscribe(channel).await;
-        if r.is_err() {
-            *guard = None;
+        tokio::spawn(keep(Arc::downgrade(&self.inner), rx));
+    }
+}
+
+/// The task that owns the pub/sub connection, until the hub is gone.
+async fn keep(hub: Weak<Inner>, mut requests: mpsc::UnboundedReceiver<Request>) {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let mut queued: Vec<Request> = Vec::new();
+    loop {
+        // Nothing to listen for: wait for a request.
+        let idle = hub.upgrade().is_none_or(|h| h.wanted().is_empty());
+        if idle && queued.is_empty() {
+            match requests.recv().await {
+                Some(r) => queued.push(r),
+                None => return,
+            }
         }
-        r
+        let Some(inner) = hub.upgrade() else { return };
+        match connected(&inner).await {
+            Some((sink, stream)) => {
+                backoff.reset();
+                for r in queued.drain(..) {
+                    if let Request::Subscribe(_, done) = r {
+                        // Every wanted channel is subscribed by now.
+                        let _ = done.send(true);
+                    }
+                }
+                let timeout = inner.timeout;
+                drop(inner);
+                serve(&hub, sink, stream, &mut requests, timeout).await;
+                if let Some(inner) = hub.upgrade() {
+                    inner.disconnected();
+                }
+            }
+            None => {
+                inner.disconnected();
+                drop(inner);
+                for r in queued.drain(..) {
+                    if let Request::Subscribe(_, done) = r {
+                        let _ = done.send(false);
+                    }
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+                // Take what came meanwhile; subscriptions are in the map.
+                while let Ok(r) = requests.try_recv() {
+                    queued.push(r);
+                }
+            }
+        }
+    }
+}
+
+/// A new connection with every wanted channel subscribed, or `None`.
+async fn connected(inner: &Inner) -> Option<(PubSubSink, PubSubStream)> {
+    let t = inner.timeout;
+    let conn = tokio::time::timeout(t * 2, inner.client.get_async_pubsub())
+        .await
+        .ok()?
+        .map_err(|e| tracing::debug!(error = %e, "pub/sub connection failed; waiters poll"))
+        .ok()?;
+    let (mut sink, stream) = conn.split();
+    for channel in inner.wanted() {
+        match tokio::time::timeout(t, sink.subscribe(&channel)).await {
+            Ok(Ok(())) => inner.confirm(&channel),
+            _ => return None,
+        }
+    }
+    Some((sink, stream))
+}
+
+/// Serves one connection until it fails or the hub is gone.
+async fn serve(
+    hub: &Weak<Inner>,
+    mut sink: PubSubSink,
+    mut stream: PubSubStream,
+    requests: &mut mpsc::UnboundedReceiver<Request>,
+    t: Duration,
+) {
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = stream.next() => {
+                let Some(msg) = msg else { return };
+                let Some(inner) = hub.upgrade() else { return };
+                inner.wake(msg.get_channel_name());
+            }
+            r = requests.recv() => match r {
+                None => return,
+                Some(Request::Subscribe(channel, done)) => {
+                    let ok = matches!(tokio::time::timeout(t, sink.subscribe(&channel)).await, Ok(Ok(())));
+                    if ok {
+                        if let Some(inner) = hub.upgrade() {
+                            inner.confirm(&channel);
+                        }
+                    }
+                    let _ = done.send(ok);
+                    if !ok {
+                        return;
+                    }
+                }
+                Some(Request::Unsubscribe(channel)) => {
+                    // A new waiter may have subscribed again meanwhile.
+                    let wanted = hub.upgrade().is_some_and(|h| lock(&h.channels).contains_key(&channel));
+                    if !wanted
+                        && !matches!(tokio::time::timeout(t, sink.unsubscribe(&channel)).await, Ok(Ok(())))
+                    {
+                        return;
+                    }
+                }
+            },
+            _ = ping.tick() => {
+                let wanted = hub.upgrade().is_some_and(|h| !lock(&h.channels).is_empty());
+                if wanted && !matches!(tokio::time::timeout(t, sink.ping::<redis::Value>()).await, Ok(Ok(_))) {
+                    tracing::debug!("the pub/sub connection stopped answering; connecting again");
+                    return;
+                }
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lockcore::{Error, Locker};
-use lockcore_conformance::{run, Harness, Target};
+use lockcore_conformance::{run, Harness, Proxies, Target};
 
 /// A Redis topology under test: `url` for the backend, `raw` for the
 /// harness's own admin connections (one per instance).
@@ -43,6 +43,22 @@ impl Harness for Redis {
 
     fn can_revoke(&self) -> bool {
         self.admin_plain()
+    }
+
+    /// A cluster's redirects name the servers' own addresses: no proxy.
+    fn can_proxy(&self) -> bool {
+        !self.cluster
+    }
+
+    async fn connect_via(&self, proxies: &Proxies) -> Option<lockcore::Result<Locker>> {
+        if self.cluster {
+            return None;
+        }
+        let url = match proxies.route_url(&self.url, 6379).await {
+            Ok(u) => u,
+            Err(e) => return Some(Err(Error::backend_error("redis", format!("proxy: {e}")))),
+        };
+        Some(lockcore_redis::connect(&url).await)
     }
 
     async fn revoke(&self, name: &str) -> lockcore::Result<bool> {

@@ -1,15 +1,16 @@
 //! Redis-specific fault injection (servers from compose/, one case at a
-//! time since they stop and start servers): RedLock with instances down, a
-//! restart without persistence, and the replica-sync guard.
+//! time since they stop and start servers): RedLock with instances down or
+//! silent, a restart without persistence, the replica-sync guard, and the
+//! pub/sub wake-up connection going half-open.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
-use lockcore::{ErrorKind, LockOptions, Wait};
+use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness,
+    compose, run_serial, ConnectFuture, Ctx, Dir, Proxies, Target, UndoOnDrop, UrlHarness,
 };
 
 fn redlock_hosts() -> Vec<String> {
@@ -36,6 +37,189 @@ async fn raw_get(host: &str, key: &str) -> Option<String> {
         .query_async(&mut c)
         .await
         .expect("GET")
+}
+
+/// How many clients the server counts as subscribed to `channel`.
+async fn numsub(url: &str, channel: &str) -> i64 {
+    let client = redis::Client::open(url).expect("url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection");
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut c)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+/// Waits until `f` holds, or fails after `within`.
+async fn until<F, Fut>(what: &str, within: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !f().await {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Tries a fresh name until the client works again after a network fault.
+async fn until_recovered(l: &Locker, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Ok(Some(g))) =
+            tokio::time::timeout(Duration::from_secs(5), l.try_lock(name)).await
+        {
+            g.release().await.expect("release");
+            return;
+        }
+        assert!(Instant::now() < deadline, "the client never recovered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The pub/sub connection that carries wake-ups goes half-open (every
+/// packet silently dropped): afterwards, a new waiter's subscription reaches
+/// the server. Then the server closes it under that waiter: the waiting
+/// subscription is renewed on a new connection (both checked with `PUBSUB
+/// NUMSUB` on the server), and a release wakes the waiter by a push, not by
+/// a poll.
+async fn pubsub_recovers_from_a_dead_connection(ctx: Ctx) {
+    let url = ctx.config.clone();
+    let proxies = Proxies::new();
+    let routed = proxies.route_url(&url, 6379).await.expect("proxy");
+    let l = lockcore_redis::connect(&routed).await.expect("connect");
+    let holder = lockcore_redis::connect(&url).await.expect("connect");
+    let channel = |n: &str| format!("{}:released", lockcore_redis::lock_key("lock:", n));
+
+    // A wake-up over the pub/sub connection, so that it exists.
+    let x = ctx.name("pubsub/x");
+    let g = holder.try_lock(&x).await.expect("try").expect("free");
+    let waiter = {
+        let (l, x) = (l.clone(), x.clone());
+        tokio::spawn(async move { l.lock(&x).await.expect("waiter").release().await })
+    };
+    until("the waiter subscribed", Duration::from_secs(10), || async {
+        numsub(&url, &channel(&x)).await >= 1
+    })
+    .await;
+    g.release().await.expect("release");
+    waiter.await.expect("waiter").expect("release");
+
+    // Every connection of the client goes silent, then the network heals.
+    proxies.blackhole(Dir::Both);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxies.heal();
+    until_recovered(&l, &ctx.name("pubsub/recovered")).await;
+
+    // A new waiter's subscription must reach the server.
+    let y = ctx.name("pubsub/y");
+    let g = holder.try_lock(&y).await.expect("try").expect("free");
+    let waiter = {
+        let (l, y) = (l.clone(), y.clone());
+        tokio::spawn(async move {
+            let g = l.lock(&y).await.expect("waiter");
+            let at = Instant::now();
+            g.release().await.expect("release");
+            at
+        })
+    };
+    until(
+        "a new subscription after the dead connection reached the server",
+        Duration::from_secs(10),
+        || async { numsub(&url, &channel(&y)).await >= 1 },
+    )
+    .await;
+
+    // The server closes every pub/sub connection under the waiting
+    // subscription: it must be renewed on a new connection.
+    let client = redis::Client::open(url.as_str()).expect("url");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT KILL TYPE pubsub");
+    assert!(killed >= 1, "no pub/sub connection to close");
+    until(
+        "the waiting subscription was renewed on a new connection",
+        Duration::from_secs(10),
+        || async { numsub(&url, &channel(&y)).await >= 1 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    g.release().await.expect("release");
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter got the lock")
+        .expect("waiter task");
+    let wake = got.saturating_duration_since(released);
+    assert!(
+        wake < Duration::from_secs(1),
+        "the waiter was woken {wake:?} after the release: by a poll, not a push"
+    );
+}
+
+/// A RedLock release that no instance answers is not a lost lease: it fails
+/// with `Unavailable` or `Indeterminate` (the keys end by their ttl), and
+/// the lost signal does not fire.
+async fn redlock_release_unanswered_is_not_lost(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let routed = proxies
+        .route_url(&format!("redlock://{}", redlock_hosts().join(",")), 6379)
+        .await
+        .expect("proxy");
+    let l = lockcore_redis::connect(&routed).await.expect("connect");
+    let name = ctx.name("release-unanswered");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Wait::Try);
+    let g = l
+        .acquire(&name, &opts)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let lost = g.lost_token();
+    proxies.blackhole(Dir::Both);
+    let err = tokio::time::timeout(Duration::from_secs(10), g.release())
+        .await
+        .expect("release hung")
+        .expect_err("no instance answered the release");
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::Unavailable | ErrorKind::Indeterminate
+        ),
+        "{err}"
+    );
+    assert!(
+        !lost.is_cancelled(),
+        "the lost signal fired for an unanswered release"
+    );
+    // Clean up on the servers.
+    for host in redlock_hosts() {
+        let client = redis::Client::open(format!("redis://{host}")).expect("url");
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin");
+        let _: i64 = redis::cmd("DEL")
+            .arg(lockcore_redis::lock_key("lock:", &name))
+            .query_async(&mut c)
+            .await
+            .expect("DEL");
+    }
 }
 
 /// With two of five masters down RedLock still acquires; with three down it
@@ -159,6 +343,18 @@ fn main() -> std::process::ExitCode {
         })
         .case("lost_after_restart_without_persistence", |ctx| {
             Box::pin(lost_after_restart_without_persistence(ctx))
+        })
+        .case("redlock_release_unanswered_is_not_lost", |ctx| {
+            Box::pin(redlock_release_unanswered_is_not_lost(ctx))
+        }),
+        Target::new(
+            "redis-faults",
+            Some("LOCKTEST_REDIS_URL"),
+            |url| async move { Ok(UrlHarness::shared(url, connect)) },
+        )
+        .only_own_cases()
+        .case("pubsub_recovers_from_a_dead_connection", |ctx| {
+            Box::pin(pubsub_recovers_from_a_dead_connection(ctx))
         }),
         Target::new(
             "redis-replica",
