@@ -1,33 +1,44 @@
 //! The backend: acquire by the ephemeral-sequential recipe, the lease, inspection.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lockcore::cleanup::{spawn_cleanup, CleanupOnDrop};
 use lockcore::name::encode_segment;
 use lockcore::{
-    AcquireRequest, Backend, BackendLease, Capabilities, Deadline, Error, Fencing, Grant,
-    HolderInfo, LeaseKind, LockInfo, OwnerToken, Released, Renewal, Result,
+    AcquireRequest, Backend, BackendLease, Capabilities, Deadline, Error, ErrorKind, Fencing,
+    Grant, HolderInfo, LeaseKind, LockInfo, OwnerToken, Released, Renewal, Result,
 };
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::config::{AclMode, ZkConfig, NAME};
 use crate::recipe;
-use crate::session::{is_session_end, map_err, Session};
+use crate::session::{is_connection_error, is_session_end, map_err, Session};
 
 /// How often a create is retried when a container parent is reaped under it.
 const MAX_PARENT_RETRIES: usize = 8;
 
-/// Counters of one backend, for tests and monitoring.
+/// The live counters of one backend, for tests and monitoring: a handle
+/// that outlives the backend (see [`ZkBackend::counters`]).
 #[derive(Debug, Default)]
-struct Counters {
+pub struct ZkCounters {
     predecessor_events: AtomicU64,
     sessions_opened: AtomicU64,
+}
+
+impl ZkCounters {
+    /// The counts so far.
+    pub fn snapshot(&self) -> ZkStats {
+        ZkStats {
+            predecessor_events: self.predecessor_events.load(Ordering::Relaxed),
+            sessions_opened: self.sessions_opened.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// A snapshot of a backend's counters.
@@ -41,15 +52,48 @@ pub struct ZkStats {
     pub sessions_opened: u64,
 }
 
+/// How many sessions are kept open with no lease on them (the most recently
+/// used); the others close when their last lease goes.
+const KEEP_IDLE: usize = 4;
+
 /// A ZooKeeper lock backend (see the crate docs for the layout).
 ///
-/// Sessions are opened per session timeout: locks whose ttl asks for the
-/// same timeout share one session, which is the lease of all of them.
+/// A lock's lease is a session whose timeout is the lock's ttl, rounded up
+/// to whole seconds: locks whose ttls round alike share one session. A
+/// session lives while a lease is on it; besides those, the few most
+/// recently used stay open for the next acquisitions.
 pub struct ZkBackend {
     cfg: Arc<ZkConfig>,
     acls: Arc<Vec<zk::Acl>>,
-    sessions: tokio::sync::Mutex<HashMap<u64, Arc<Session>>>,
-    counters: Arc<Counters>,
+    sessions: tokio::sync::Mutex<Sessions>,
+    counters: Arc<ZkCounters>,
+}
+
+/// The open sessions, by timeout in whole seconds.
+#[derive(Default)]
+struct Sessions {
+    by_secs: HashMap<u64, Weak<Session>>,
+    /// The most recently used, kept open while idle (most recent last).
+    recent: VecDeque<Arc<Session>>,
+}
+
+impl Sessions {
+    fn live(&self, secs: u64) -> Option<Arc<Session>> {
+        self.by_secs
+            .get(&secs)
+            .and_then(Weak::upgrade)
+            .filter(|s| !s.is_dead())
+    }
+
+    fn touch(&mut self, session: &Arc<Session>) {
+        self.recent
+            .retain(|s| !Arc::ptr_eq(s, session) && !s.is_dead());
+        self.recent.push_back(session.clone());
+        while self.recent.len() > KEEP_IDLE {
+            self.recent.pop_front();
+        }
+        self.by_secs.retain(|_, w| w.strong_count() > 0);
+    }
 }
 
 impl fmt::Debug for ZkBackend {
@@ -71,6 +115,11 @@ fn acls_of(mode: AclMode) -> Vec<zk::Acl> {
     }
 }
 
+/// The whole seconds of `ttl`, rounded up: the session timeout that keeps it.
+fn session_secs(ttl: Duration) -> u64 {
+    ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)
+}
+
 impl ZkBackend {
     /// Opens a backend and its first session (with the default ttl's
     /// timeout), so that an unreachable ensemble fails here with
@@ -83,7 +132,7 @@ impl ZkBackend {
         let backend = ZkBackend {
             acls: Arc::new(acls_of(cfg.acl)),
             cfg: Arc::new(cfg),
-            sessions: tokio::sync::Mutex::new(HashMap::new()),
+            sessions: tokio::sync::Mutex::default(),
             counters: Arc::default(),
         };
         backend.session(lockcore::DEFAULT_TTL).await?;
@@ -97,10 +146,13 @@ impl ZkBackend {
 
     /// The counters so far.
     pub fn stats(&self) -> ZkStats {
-        ZkStats {
-            predecessor_events: self.counters.predecessor_events.load(Ordering::Relaxed),
-            sessions_opened: self.counters.sessions_opened.load(Ordering::Relaxed),
-        }
+        self.counters.snapshot()
+    }
+
+    /// A handle on this backend's counters that stays readable after the
+    /// backend is gone.
+    pub fn counters(&self) -> Arc<ZkCounters> {
+        self.counters.clone()
     }
 
     /// The parent node of lock `name` (full path, chroot included).
@@ -110,23 +162,24 @@ impl ZkBackend {
 
     /// The session for `ttl`, opening one if there is none alive.
     async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
-        let key = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let mut map = self.sessions.lock().await;
-        if let Some(s) = map.get(&key) {
-            if !s.is_dead() {
-                return Ok(s.clone());
-            }
+        let secs = session_secs(ttl);
+        let mut sessions = self.sessions.lock().await;
+        if let Some(s) = sessions.live(secs) {
+            sessions.touch(&s);
+            return Ok(s);
         }
-        map.retain(|_, s| !s.is_dead());
-        let s = Session::connect(&self.cfg, ttl).await?;
+        let s = Session::connect(&self.cfg, Duration::from_secs(secs)).await?;
         self.counters
             .sessions_opened
             .fetch_add(1, Ordering::Relaxed);
-        map.insert(key, s.clone());
+        sessions.by_secs.insert(secs, Arc::downgrade(&s));
+        sessions.touch(&s);
         Ok(s)
     }
 
     /// Creates our ephemeral sequential node; returns its name and czxid.
+    /// A creation cut off by a lost connection may have applied: it is
+    /// looked for by our uuid before it is sent again.
     async fn create_node(
         &self,
         session: &Session,
@@ -138,17 +191,24 @@ impl ZkBackend {
         let data = owner.to_string();
         let acls = zk::Acls::new(&self.acls);
         let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
+        let creating = || format!("creating a lock node under {parent}");
         let mut parent_retries = 0;
+        let mut cut_off = 0;
         loop {
-            let client = session.client()?;
-            match client.create(&full, data.as_bytes(), &opts).await {
+            let created = session
+                .once(|c| {
+                    let (full, data, opts) = (&full, data.as_bytes(), &opts);
+                    async move { c.create(full, data, opts).await }
+                })
+                .await;
+            match created {
                 Ok((stat, seq)) => {
                     let name = format!("{prefix}{seq}");
                     let czxid = if stat.czxid > 0 {
                         stat.czxid
                     } else {
                         // Servers before 3.5 give no stat on create.
-                        self.czxid_of(session, &format!("{parent}/{name}"))
+                        czxid_of(session, &format!("{parent}/{name}"))
                             .await?
                             .ok_or_else(|| vanished(parent))?
                     };
@@ -157,54 +217,64 @@ impl ZkBackend {
                 Err(zk::Error::NoNode) if parent_retries < MAX_PARENT_RETRIES => {
                     parent_retries += 1;
                     let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
-                    match client.mkdir(parent, &dir).await {
+                    let made = session
+                        .call(|c| {
+                            let dir = &dir;
+                            async move { c.mkdir(parent, dir).await }
+                        })
+                        .await;
+                    match made {
                         Ok(()) | Err(zk::Error::NodeExists) => {}
-                        Err(zk::Error::ConnectionLoss) => session.wait_connected().await?,
                         Err(e) => {
-                            return Err(map_err(e, format!("creating the lock parent {parent}")))
+                            return Err(map_err(
+                                e,
+                                format!("creating the lock parent {parent}"),
+                                false,
+                            ))
                         }
                     }
                 }
-                Err(zk::Error::ConnectionLoss) => {
-                    // The create may have applied: find it by our uuid.
-                    drop(client);
-                    session.wait_connected().await?;
-                    if let Some(name) = self.find_ours(session, parent, prefix).await? {
-                        if let Some(czxid) =
-                            self.czxid_of(session, &format!("{parent}/{name}")).await?
-                        {
+                Err(e) if is_connection_error(&e) && cut_off < MAX_CUT_OFF => {
+                    cut_off += 1;
+                    session
+                        .reconnected()
+                        .await
+                        .map_err(|e| map_err(e, creating(), true))?;
+                    let children = list(session, parent)
+                        .await
+                        .map_err(|e| map_err_kind(e, ErrorKind::Indeterminate))?;
+                    if let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) {
+                        if let Some(czxid) = czxid_of(session, &format!("{parent}/{name}")).await? {
                             return Ok((name, czxid));
                         }
                     }
                 }
-                Err(e) => return Err(map_err(e, format!("creating a lock node under {parent}"))),
+                Err(e) => return Err(map_err(e, creating(), true)),
             }
         }
     }
+}
 
-    async fn find_ours(
-        &self,
-        session: &Session,
-        parent: &str,
-        prefix: &str,
-    ) -> Result<Option<String>> {
-        let children = list(session, parent).await?;
-        Ok(children.into_iter().find(|c| c.starts_with(prefix)))
-    }
+/// How often a cut-off creation is looked for and sent again.
+const MAX_CUT_OFF: usize = 3;
 
-    async fn czxid_of(&self, session: &Session, path: &str) -> Result<Option<i64>> {
-        loop {
-            let client = session.client()?;
-            match client.check_stat(path).await {
-                Ok(stat) => return Ok(stat.map(|s| s.czxid)),
-                Err(zk::Error::ConnectionLoss) => {
-                    drop(client);
-                    session.wait_connected().await?;
-                }
-                Err(e) => return Err(map_err(e, format!("reading {path}"))),
-            }
-        }
+/// `e` with its kind replaced (a failed read after a cut-off creation leaves
+/// the creation's outcome unknown).
+fn map_err_kind(e: Error, kind: ErrorKind) -> Error {
+    if matches!(e.kind(), ErrorKind::Unavailable) {
+        Error::new(kind, NAME, e.message().to_owned())
+    } else {
+        e
     }
+}
+
+/// The czxid of `path`, or `None` when it does not exist.
+async fn czxid_of(session: &Session, path: &str) -> Result<Option<i64>> {
+    session
+        .call(|c| async move { c.check_stat(path).await })
+        .await
+        .map(|stat| stat.map(|s| s.czxid))
+        .map_err(|e| map_err(e, format!("reading {path}"), false))
 }
 
 /// The parent node of lock `name` under `cfg`.
@@ -234,38 +304,33 @@ fn vanished(parent: &str) -> Error {
     )
 }
 
-/// Children of `parent`, retried across connection losses; `NoNode` is empty.
+/// Children of `parent`; `NoNode` is empty.
 async fn list(session: &Session, parent: &str) -> Result<Vec<String>> {
-    loop {
-        let client = session.client()?;
-        match client.list_children(parent).await {
-            Ok(c) => return Ok(c),
-            Err(zk::Error::NoNode) => return Ok(Vec::new()),
-            Err(zk::Error::ConnectionLoss) => {
-                drop(client);
-                session.wait_connected().await?;
-            }
-            Err(e) => return Err(map_err(e, format!("listing {parent}"))),
-        }
+    match session
+        .call(|c| async move { c.list_children(parent).await })
+        .await
+    {
+        Ok(c) => Ok(c),
+        Err(zk::Error::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(map_err(e, format!("listing {parent}"), false)),
     }
 }
 
-/// Deletes `path` (ours by its uuid), retrying across connection losses.
-/// Returns whether it was there.
+/// Deletes `path` (ours by its uuid), retried across connection losses.
+/// Returns whether it was there (a deletion cut off by a connection loss,
+/// then found gone, counts as done by us).
 async fn delete_node(session: &Session, path: &str) -> Result<bool> {
-    let mut cut_off = false;
-    loop {
-        let client = session.client()?;
-        match client.delete(path, None).await {
-            Ok(()) => return Ok(true),
-            Err(zk::Error::NoNode) => return Ok(cut_off),
-            Err(zk::Error::ConnectionLoss) => {
-                cut_off = true;
-                drop(client);
-                session.wait_connected().await?;
-            }
-            Err(e) => return Err(map_err(e, format!("deleting {path}"))),
-        }
+    let mut tries = 0u32;
+    let r = session
+        .call(|c| {
+            tries += 1;
+            async move { c.delete(path, None).await }
+        })
+        .await;
+    match r {
+        Ok(()) => Ok(true),
+        Err(zk::Error::NoNode) => Ok(tries > 1),
+        Err(e) => Err(map_err(e, format!("deleting {path}"), true)),
     }
 }
 
@@ -317,13 +382,12 @@ impl Backend for ZkBackend {
     /// (found by its uuid, also when the create was cut off by a connection
     /// loss).
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
-        let name = req.name;
         // The validity of a lease granted at the first look is measured from
         // here: before the session and the node existed, so conservative.
         let started = Instant::now();
-        let session = self.session(req.ttl).await.map_err(|e| e.with_name(name))?;
-        check_ttl(&session, req.ttl).map_err(|e| e.with_name(name))?;
-        let parent = self.lock_parent(name);
+        let session = self.session(req.ttl).await?;
+        check_ttl(&session, req.ttl)?;
+        let parent = self.lock_parent(req.name);
         let prefix = recipe::node_prefix(req.owner);
         let cleanup = CleanupOnDrop::new(
             "delete the lock node of a dropped acquisition",
@@ -331,8 +395,7 @@ impl Backend for ZkBackend {
         );
         let (node, czxid) = self
             .create_node(&session, &parent, &prefix, req.owner)
-            .await
-            .map_err(|e| e.with_name(name))?;
+            .await?;
         let path = format!("{parent}/{node}");
         let mut first_look = true;
         loop {
@@ -341,10 +404,8 @@ impl Backend for ZkBackend {
             } else {
                 Instant::now()
             };
-            let children = list(&session, &parent)
-                .await
-                .map_err(|e| e.with_name(name))?;
-            // A create retried after a connection loss may have left a twin.
+            let children = list(&session, &parent).await?;
+            // A create sent again after a connection loss may have left a twin.
             for twin in children
                 .iter()
                 .filter(|c| c.starts_with(&prefix) && **c != node)
@@ -356,7 +417,7 @@ impl Backend for ZkBackend {
             }
             let queue = recipe::contenders(children);
             let Some(pos) = queue.iter().position(|c| c.name == node) else {
-                return Err(vanished(&parent).with_name(name));
+                return Err(vanished(&parent));
             };
             if pos == 0 {
                 cleanup.disarm();
@@ -372,23 +433,17 @@ impl Backend for ZkBackend {
                 return Ok(None);
             }
             let pred = format!("{parent}/{}", queue[pos - 1].name);
-            let client = session.client().map_err(|e| e.with_name(name))?;
-            let watcher = match client.check_and_watch_stat(&pred).await {
+            let watched = session
+                .call(|c| {
+                    let pred = pred.as_str();
+                    async move { c.check_and_watch_stat(pred).await }
+                })
+                .await;
+            let watcher = match watched {
                 Ok((Some(_), w)) => w,
                 Ok((None, _)) => continue,
-                Err(zk::Error::ConnectionLoss) => {
-                    drop(client);
-                    session
-                        .wait_connected()
-                        .await
-                        .map_err(|e| e.with_name(name))?;
-                    continue;
-                }
-                Err(e) => {
-                    return Err(map_err(e, format!("watching {pred}")).with_name(name));
-                }
+                Err(e) => return Err(map_err(e, format!("watching {pred}"), false)),
             };
-            drop(client);
             let mut event = AbortOnDrop(tokio::spawn(watcher.changed()));
             let deadline = req.deadline;
             tokio::select! {
@@ -400,7 +455,7 @@ impl Backend for ZkBackend {
                     return Err(Error::unavailable(NAME, format!(
                         "the ZooKeeper session ended while waiting: {}",
                         session.reason().unwrap_or("closed")
-                    )).with_name(name));
+                    )));
                 }
                 _ = async {
                     match deadline {
@@ -421,23 +476,14 @@ impl Backend for ZkBackend {
     ///
     /// Cancel safe: it only reads.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        let session = self
-            .session(lockcore::DEFAULT_TTL)
-            .await
-            .map_err(|e| e.with_name(name))?;
+        let session = self.session(lockcore::DEFAULT_TTL).await?;
         let parent = self.lock_parent(name);
-        let queue = recipe::contenders(
-            list(&session, &parent)
-                .await
-                .map_err(|e| e.with_name(name))?,
-        );
+        let queue = recipe::contenders(list(&session, &parent).await?);
         let Some(first) = queue.first() else {
             return Ok(Some(LockInfo::new(None, Some(0))));
         };
-        let fence = self
-            .czxid_of(&session, &format!("{parent}/{}", first.name))
-            .await
-            .map_err(|e| e.with_name(name))?
+        let fence = czxid_of(&session, &format!("{parent}/{}", first.name))
+            .await?
             .and_then(|z| u64::try_from(z).ok());
         Ok(Some(LockInfo::new(
             Some(HolderInfo::new(Some(first.name.clone()), fence, None)),
@@ -500,28 +546,30 @@ async fn watch_lease(
     flags: Arc<Flags>,
 ) {
     loop {
-        let watcher = match session.client() {
-            Err(_) => None,
-            Ok(client) => match client.check_and_watch_stat(&path).await {
-                Ok((Some(_), w)) => Some(w),
-                Ok((None, _)) => {
-                    flags.gone.store(true, Ordering::SeqCst);
-                    if !flags.released.load(Ordering::SeqCst) {
-                        tracing::warn!(node = %path, "our lock node was deleted by someone else");
-                        lost.cancel();
-                    }
-                    return;
+        let watched = session
+            .call(|c| {
+                let path = path.as_str();
+                async move { c.check_and_watch_stat(path).await }
+            })
+            .await;
+        let watcher = match watched {
+            Ok((Some(_), w)) => Some(w),
+            Ok((None, _)) => {
+                flags.gone.store(true, Ordering::SeqCst);
+                if !flags.released.load(Ordering::SeqCst) {
+                    tracing::warn!(node = %path, "our lock node was deleted by someone else");
+                    lost.cancel();
                 }
-                Err(e) if is_session_end(&e) => None,
-                Err(_) => {
-                    drop(client);
-                    if session.wait_connected().await.is_err() {
-                        None
-                    } else {
-                        continue;
-                    }
-                }
-            },
+                return;
+            }
+            Err(e) if is_session_end(&e) || session.is_dead() => None,
+            Err(_) => {
+                // No answer within the request timeout, the session still
+                // alive: look again (the monitor ends the session once it
+                // has been disconnected for about its timeout).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let Some(watcher) = watcher else {
             lost.cancel();
@@ -562,17 +610,25 @@ impl BackendLease for ZkLease {
             return Ok(Renewal::Lost);
         }
         check_ttl(&self.session, ttl)?;
-        let Ok(client) = self.session.client() else {
-            return Ok(Renewal::Lost);
-        };
         let sent = Instant::now();
-        match client.check_stat(&self.path).await {
+        let stat = self
+            .session
+            .call(|c| {
+                let path = self.path.as_str();
+                async move { c.check_stat(path).await }
+            })
+            .await;
+        match stat {
             Ok(Some(stat)) if stat.ephemeral_owner == self.session.id => Ok(Renewal::Renewed {
                 valid_until: self.session.valid_until(sent, ttl),
             }),
             Ok(_) => Ok(Renewal::Lost),
             Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
-            Err(e) => Err(map_err(e, format!("checking the lock node {}", self.path))),
+            Err(e) => Err(map_err(
+                e,
+                format!("checking the lock node {}", self.path),
+                false,
+            )),
         }
     }
 

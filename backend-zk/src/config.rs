@@ -19,6 +19,7 @@
 //! | `acl` | `open` | ACL of lock nodes: `open` (world:anyone all), `creator` (all for the authenticated creator only; needs `user:password`), `creator-read` (the creator all, everyone read) |
 //! | `connect_timeout_ms` | `5000` | how long to wait for a session to be established |
 //! | `connection_timeout_ms` | `4000` | idle time after which a connection counts as broken (capped at 2/5 of the session timeout) |
+//! | `request_timeout_ms` | `5000` | how long one request may take, retries across a reconnect included, before it fails with `Unavailable` (or `Indeterminate` for a node creation) |
 //!
 //! The session timeout is not an option: it comes from each lock's ttl (see
 //! the crate docs).
@@ -62,6 +63,8 @@ pub struct ZkConfig {
     pub connect_timeout: Duration,
     /// Idle time after which a connection counts as broken.
     pub connection_timeout: Duration,
+    /// How long one request may take, retries across a reconnect included.
+    pub request_timeout: Duration,
 }
 
 impl fmt::Debug for ZkConfig {
@@ -77,6 +80,7 @@ impl fmt::Debug for ZkConfig {
             .field("acl", &self.acl)
             .field("connect_timeout", &self.connect_timeout)
             .field("connection_timeout", &self.connection_timeout)
+            .field("request_timeout", &self.request_timeout)
             .finish()
     }
 }
@@ -92,6 +96,7 @@ impl ZkConfig {
             acl: AclMode::Open,
             connect_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(4),
+            request_timeout: Duration::from_secs(5),
         }
     }
 
@@ -167,10 +172,14 @@ impl ZkConfig {
                 }
                 "connect_timeout_ms" => cfg.connect_timeout = ms()?,
                 "connection_timeout_ms" => cfg.connection_timeout = ms()?,
+                "request_timeout_ms" => cfg.request_timeout = ms()?,
                 other => return Err(bad(format!("unknown option {other:?}"))),
             }
         }
-        if cfg.connect_timeout.is_zero() || cfg.connection_timeout.is_zero() {
+        if cfg.connect_timeout.is_zero()
+            || cfg.connection_timeout.is_zero()
+            || cfg.request_timeout.is_zero()
+        {
             return Err(bad("timeouts must be above zero".into()));
         }
         if cfg.acl != AclMode::Open && cfg.digest.is_none() {

@@ -60,7 +60,7 @@ pub mod config;
 mod recipe;
 mod session;
 
-pub use backend::{ZkBackend, ZkStats};
+pub use backend::{ZkBackend, ZkCounters, ZkStats};
 pub use config::{AclMode, ZkConfig};
 
 use lockcore::Locker;

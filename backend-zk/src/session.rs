@@ -1,4 +1,6 @@
-//! One ZooKeeper session, its liveness, and the error mapping.
+//! One ZooKeeper session, its liveness, the one way requests are made on it
+//! ([`Session::call`] and [`Session::once`], which own the request timeout
+//! and the retry across a reconnect), and the error mapping.
 //!
 //! Sessions are *detached*: when the last handle on a session goes, the
 //! connection is closed without a `closeSession`, so the server expires the
@@ -6,6 +8,7 @@
 //! when the process dies. Normal releases delete their nodes explicitly, so
 //! nothing but an empty session is ever left to expire.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -16,13 +19,34 @@ use zookeeper_client as zk;
 
 use crate::config::{ZkConfig, NAME};
 
-/// Maps a client error to the lockcore error kind; `what` says what was tried.
-pub(crate) fn map_err(e: zk::Error, what: impl Into<String>) -> Error {
+/// Whether `e` comes from the connection rather than the server: the
+/// request may or may not have reached it. The client reports a connection
+/// that stopped answering as a custom error ("no response from connection").
+pub(crate) fn is_connection_error(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::ConnectionLoss
+            | zk::Error::NoHosts
+            | zk::Error::Timeout
+            | zk::Error::Custom(_)
+            | zk::Error::UnexpectedError(_)
+    )
+}
+
+/// Maps a client error to the lockcore error kind; `what` says what was
+/// tried. `mutating`: the request may have created state, so a connection
+/// error or a timeout is `Indeterminate` rather than `Unavailable`.
+pub(crate) fn map_err(e: zk::Error, what: impl Into<String>, mutating: bool) -> Error {
     let what = what.into();
+    let cut_off = if mutating {
+        ErrorKind::Indeterminate
+    } else {
+        ErrorKind::Unavailable
+    };
     let (kind, hint) = match &e {
-        zk::Error::ConnectionLoss | zk::Error::NoHosts | zk::Error::Timeout => (
-            ErrorKind::Unavailable,
-            "no ZooKeeper server answered; check the hosts and that a quorum is up",
+        e if is_connection_error(e) => (
+            cut_off,
+            "no ZooKeeper server answered in time; check the hosts and that a quorum is up",
         ),
         zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved => (
             ErrorKind::Unavailable,
@@ -78,6 +102,8 @@ pub(crate) struct Session {
     shared: Arc<Shared>,
     /// The negotiated session timeout.
     pub(crate) timeout: Duration,
+    /// How long one request may take.
+    request_timeout: Duration,
     /// The session id (owner of our ephemeral nodes).
     pub(crate) id: i64,
     state: zk::StateWatcher,
@@ -111,6 +137,7 @@ impl Session {
                 return Err(map_err(
                     e,
                     format!("opening a ZooKeeper session with {hosts}"),
+                    false,
                 ))
             }
             Err(_) => {
@@ -152,6 +179,7 @@ impl Session {
         Ok(Arc::new(Session {
             shared,
             timeout,
+            request_timeout: cfg.request_timeout,
             id,
             state,
             monitor,
@@ -221,6 +249,65 @@ impl Session {
                 _ = w.changed() => {}
                 _ = self.dead() => {}
             }
+        }
+    }
+
+    /// One request, retried across connection losses (the client reconnects
+    /// within the session), the whole bounded by the request timeout; a
+    /// timeout is reported as [`zk::Error::Timeout`], a session that ended as
+    /// [`zk::Error::SessionExpired`]. For requests that can be repeated
+    /// (reads, deletes of our own node, creating a container parent).
+    ///
+    /// # Cancel safety
+    ///
+    /// As the request it repeats.
+    pub(crate) async fn call<T, F, Fut>(&self, mut op: F) -> std::result::Result<T, zk::Error>
+    where
+        F: FnMut(zk::Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, zk::Error>>,
+    {
+        let attempts = async {
+            loop {
+                let client = self.client().map_err(|_| zk::Error::SessionExpired)?;
+                match op(client).await {
+                    Err(e) if is_connection_error(&e) => {
+                        self.wait_connected()
+                            .await
+                            .map_err(|_| zk::Error::SessionExpired)?;
+                    }
+                    other => return other,
+                }
+            }
+        };
+        tokio::time::timeout(self.request_timeout, attempts)
+            .await
+            .unwrap_or(Err(zk::Error::Timeout))
+    }
+
+    /// One request, sent once (not repeated across a reconnect), bounded by
+    /// the request timeout; for a creation, which a repeat would duplicate.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may or may not have applied.
+    pub(crate) async fn once<T, F, Fut>(&self, op: F) -> std::result::Result<T, zk::Error>
+    where
+        F: FnOnce(zk::Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, zk::Error>>,
+    {
+        let client = self.client().map_err(|_| zk::Error::SessionExpired)?;
+        tokio::time::timeout(self.request_timeout, op(client))
+            .await
+            .unwrap_or(Err(zk::Error::Timeout))
+    }
+
+    /// Waits until the session is connected again, within the request
+    /// timeout.
+    pub(crate) async fn reconnected(&self) -> std::result::Result<(), zk::Error> {
+        match tokio::time::timeout(self.request_timeout, self.wait_connected()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(zk::Error::SessionExpired),
+            Err(_) => Err(zk::Error::Timeout),
         }
     }
 

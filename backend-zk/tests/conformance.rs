@@ -4,12 +4,12 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use lockcore::{Error, Locker};
-use lockcore_conformance::{run, Harness, Target};
-use lockcore_zk::ZkConfig;
+use lockcore_conformance::{run, Harness, Proxies, Target};
+use lockcore_zk::{ZkBackend, ZkConfig, ZkCounters};
 use zookeeper_client as zk;
 
 /// Where the suite's lock paths live (a chroot, exercised on purpose).
@@ -18,11 +18,26 @@ const CHROOT: &str = "/lockcore-conformance";
 #[derive(Debug)]
 struct Zk {
     hosts: String,
+    /// The counters of every client made, for the wake-up count.
+    counters: Mutex<Vec<Arc<ZkCounters>>>,
 }
 
 impl Zk {
+    fn harness(hosts: String) -> Arc<dyn Harness> {
+        Arc::new(Zk {
+            hosts,
+            counters: Mutex::default(),
+        })
+    }
+
     fn url(&self) -> String {
         format!("zk://{}{CHROOT}", self.hosts)
+    }
+
+    async fn connect_url(&self, url: &str) -> lockcore::Result<Locker> {
+        let backend = ZkBackend::connect(ZkConfig::parse(url)?).await?;
+        self.counters.lock().unwrap().push(backend.counters());
+        Ok(Locker::new(backend))
     }
 }
 
@@ -33,7 +48,34 @@ fn admin_err(e: zk::Error) -> Error {
 #[async_trait]
 impl Harness for Zk {
     async fn connect(&self) -> lockcore::Result<Locker> {
-        lockcore_zk::connect(&self.url()).await
+        self.connect_url(&self.url()).await
+    }
+
+    fn can_proxy(&self) -> bool {
+        true
+    }
+
+    async fn connect_via(&self, proxies: &Proxies) -> Option<lockcore::Result<Locker>> {
+        let url = match proxies.route_url(&self.url(), 2181).await {
+            Ok(u) => u,
+            Err(e) => {
+                return Some(Err(Error::backend_error(
+                    "zookeeper",
+                    format!("proxy: {e}"),
+                )))
+            }
+        };
+        Some(self.connect_url(&url).await)
+    }
+
+    fn wakeups(&self) -> Option<u64> {
+        let counters = self.counters.lock().unwrap();
+        Some(
+            counters
+                .iter()
+                .map(|c| c.snapshot().predecessor_events)
+                .sum(),
+        )
     }
 
     async fn connect_unreachable(&self) -> Option<lockcore::Result<Locker>> {
@@ -70,12 +112,12 @@ impl Harness for Zk {
 fn main() -> std::process::ExitCode {
     run(vec![
         Target::new("zk", Some("LOCKTEST_ZK"), |hosts| async move {
-            Ok(Arc::new(Zk { hosts }) as Arc<dyn Harness>)
+            Ok(Zk::harness(hosts))
         }),
         Target::new(
             "zk-ensemble",
             Some("LOCKTEST_ZK_ENSEMBLE"),
-            |hosts| async move { Ok(Arc::new(Zk { hosts }) as Arc<dyn Harness>) },
+            |hosts| async move { Ok(Zk::harness(hosts)) },
         ),
     ])
 }

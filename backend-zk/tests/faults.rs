@@ -125,6 +125,65 @@ async fn fifty_waiters_one_wakeup_per_release(ctx: Ctx) {
     println!("zk: 50 handoffs cost {} watch notifications", events());
 }
 
+/// A four-letter-word command's reply from the server on `port`.
+async fn four_letters(port: u16, cmd: &[u8]) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(cmd).await.ok()?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_string(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    Some(out)
+}
+
+/// The client connections the server counts (`mntr`).
+async fn alive_connections(ctx: &Ctx) -> u64 {
+    let port: u16 = ctx
+        .config
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("one zk server");
+    let out = four_letters(port, b"mntr").await.expect("mntr");
+    out.lines()
+        .find_map(|l| l.strip_prefix("zk_num_alive_connections"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("zk_num_alive_connections in mntr")
+}
+
+/// Locks with 20 different ttls, each taken and released: the backend does
+/// not keep a session (and a server connection) per ttl it ever saw. The
+/// server's own count of connections proves it.
+async fn sessions_do_not_pile_up(ctx: Ctx) {
+    let before = alive_connections(&ctx).await;
+    let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", ctx.config))
+        .await
+        .expect("connect");
+    for secs in 1..=20u64 {
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(secs))
+            .wait(lockcore::Wait::Try);
+        let g = l
+            .acquire(&ctx.name(&format!("ttl/{secs}")), &opts)
+            .await
+            .expect("acquire")
+            .expect("free");
+        g.release().await.expect("release");
+    }
+    // The server counts a closed connection at once; give it a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = alive_connections(&ctx).await;
+    assert!(
+        during <= before + 6,
+        "the server counts {} more connections after 20 ttls were used (at most 6: the default session and a few recent idle ones)",
+        during - before
+    );
+    drop(l);
+}
+
 async fn zk_mode(port: u16) -> Option<String> {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -402,6 +461,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("ttl_outside_server_bounds", |ctx| {
             Box::pin(ttl_outside_server_bounds(ctx))
+        })
+        .case("sessions_do_not_pile_up", |ctx| {
+            Box::pin(sessions_do_not_pile_up(ctx))
         })
         .case("curator_and_kazoo_nodes_are_contenders", |ctx| {
             Box::pin(curator_and_kazoo_nodes_are_contenders(ctx))
