@@ -41,6 +41,32 @@ struct Inner {
     request_timeout: Duration,
     servers: String,
     faults: Faults,
+    counters: Arc<EtcdCounters>,
+}
+
+/// The live counters of one backend, for tests and monitoring: a handle
+/// that outlives the backend (see [`EtcdBackend::counters`]).
+#[derive(Debug, Default)]
+pub struct EtcdCounters {
+    predecessor_events: AtomicU64,
+}
+
+/// A snapshot of a backend's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct EtcdStats {
+    /// Deletions of their predecessor's key seen by waiters' watches. With
+    /// no herd, one hand-off costs one, however many wait.
+    pub predecessor_events: u64,
+}
+
+impl EtcdCounters {
+    /// The counts so far.
+    pub fn snapshot(&self) -> EtcdStats {
+        EtcdStats {
+            predecessor_events: self.predecessor_events.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Fault-injection switches, for tests.
@@ -156,6 +182,7 @@ impl EtcdBackend {
                 request_timeout: cfg.request_timeout,
                 servers,
                 faults: Faults::default(),
+                counters: Arc::default(),
             }),
         };
         // One read, so that a wrong address or credentials fail here.
@@ -176,6 +203,12 @@ impl EtcdBackend {
     /// The raw etcd client (shares this backend's connection).
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// A handle on this backend's counters that stays readable after the
+    /// backend is gone.
+    pub fn counters(&self) -> Arc<EtcdCounters> {
+        self.inner.counters.clone()
     }
 
     /// The key prefix.
@@ -431,6 +464,10 @@ impl EtcdBackend {
                 .iter()
                 .any(|e| e.event_type() == EventType::Delete)
             {
+                self.inner
+                    .counters
+                    .predecessor_events
+                    .fetch_add(1, Ordering::Relaxed);
                 return Ok(WatchEnd::Deleted);
             }
         }

@@ -64,7 +64,7 @@
 mod backend;
 pub mod config;
 
-pub use backend::EtcdBackend;
+pub use backend::{EtcdBackend, EtcdCounters, EtcdStats};
 pub use config::{EtcdConfig, DEFAULT_PREFIX};
 
 use lockcore::Locker;

@@ -4,18 +4,28 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use etcd_client::GetOptions;
 use lockcore::{Error, Locker};
-use lockcore_conformance::{run, Harness, Target};
-use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
+use lockcore_conformance::{run, Harness, Proxies, Target};
+use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, EtcdCounters, DEFAULT_PREFIX};
 
 /// An etcd topology under test: `url` as `LOCKTEST_ETCD*` gives it.
 #[derive(Debug)]
 struct Etcd {
     url: String,
+    /// The counters of every client made, for the wake-up count.
+    counters: Mutex<Vec<Arc<EtcdCounters>>>,
+}
+
+impl Etcd {
+    async fn connect_url(&self, url: &str) -> lockcore::Result<Locker> {
+        let backend = EtcdBackend::connect(EtcdConfig::parse(url)?).await?;
+        self.counters.lock().unwrap().push(backend.counters());
+        Ok(Locker::new(backend))
+    }
 }
 
 fn admin_err(e: etcd_client::Error) -> Error {
@@ -25,7 +35,17 @@ fn admin_err(e: etcd_client::Error) -> Error {
 #[async_trait]
 impl Harness for Etcd {
     async fn connect(&self) -> lockcore::Result<Locker> {
-        lockcore_etcd::connect(&self.url).await
+        self.connect_url(&self.url).await
+    }
+
+    fn wakeups(&self) -> Option<u64> {
+        let counters = self.counters.lock().unwrap();
+        Some(
+            counters
+                .iter()
+                .map(|c| c.snapshot().predecessor_events)
+                .sum(),
+        )
     }
 
     async fn connect_unreachable(&self) -> Option<lockcore::Result<Locker>> {
@@ -39,6 +59,20 @@ impl Harness for Etcd {
 
     fn can_revoke(&self) -> bool {
         true
+    }
+
+    fn can_proxy(&self) -> bool {
+        true
+    }
+
+    async fn connect_via(&self, proxies: &Proxies) -> Option<lockcore::Result<Locker>> {
+        // `http://a:1,http://b:2` as `etcd://a:1,b:2`.
+        let url = format!("etcd://{}", self.url.replace("http://", ""));
+        let url = match proxies.route_url(&url, 2379).await {
+            Ok(u) => u,
+            Err(e) => return Some(Err(Error::backend_error("etcd", format!("proxy: {e}")))),
+        };
+        Some(self.connect_url(&url).await)
     }
 
     /// Revokes the lease of every key of the lock, as `etcdctl lease revoke`.
@@ -62,7 +96,10 @@ impl Harness for Etcd {
 fn main() -> std::process::ExitCode {
     let target = |name: &'static str, var: &'static str| {
         Target::new(name, Some(var), |url| async move {
-            Ok(Arc::new(Etcd { url }) as Arc<dyn Harness>)
+            Ok(Arc::new(Etcd {
+                url,
+                counters: Mutex::default(),
+            }) as Arc<dyn Harness>)
         })
     };
     run(vec![
