@@ -23,6 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{check_table, MysqlConfig, NAME};
 
+/// Every lock connection's session: no gap locks on a missing row, and no
+/// shared locks for the existence check of a new name.
+const SESSION_SETUP: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
 /// How long one server-side lock wait lasts when waiting forever; the wait
 /// is renewed after each, so a silent server is noticed.
 const FOREVER_CHUNK_SECS: u64 = 30;
@@ -103,6 +107,23 @@ fn ttl_secs(ttl: Duration) -> u64 {
     s.max(1)
 }
 
+/// Statements that name no table of ours.
+mod sql {
+    /// The connection ids blocking a waiter's lock request (MariaDB, and
+    /// MySQL before 8).
+    pub(super) const BLOCKERS_MARIADB: &str = "SELECT CAST(b.trx_mysql_thread_id AS UNSIGNED) \
+         FROM information_schema.INNODB_LOCK_WAITS w \
+         JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+         JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+         WHERE r.trx_mysql_thread_id = ?";
+    /// The same on MySQL 8.
+    pub(super) const BLOCKERS_MYSQL8: &str = "SELECT CAST(b.trx_mysql_thread_id AS UNSIGNED) \
+         FROM performance_schema.data_lock_waits w \
+         JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID \
+         JOIN information_schema.INNODB_TRX r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID \
+         WHERE r.trx_mysql_thread_id = ?";
+}
+
 /// The statements, built once per backend (the table names are checked
 /// identifiers, quoted; lock names are always bound parameters).
 #[derive(Debug)]
@@ -166,8 +187,8 @@ struct Shared {
     aux: MySqlPool,
     server: String,
     sql: Sql,
-    /// Connections taken from `hold` by acquisitions and held leases.
-    pinned: AtomicU64,
+    /// How to open a lock connection of its own.
+    opts: MySqlConnectOptions,
 }
 
 impl fmt::Debug for Shared {
@@ -207,13 +228,20 @@ impl Shared {
     }
 }
 
-/// A pooled connection that may have a transaction open: unless marked
-/// clean, dropping it closes the socket without a goodbye (the server rolls
-/// back) and ends the server thread with `KILL` in the background, so
-/// nothing stays locked whatever await point a future was dropped at. A clean
-/// one goes back to the pool.
+/// A lock connection: from the pool when one is free, else one of its own
+/// (opened for this acquisition and closed after it).
+enum LockConn {
+    Pooled(PoolConnection<MySql>),
+    Own(MySqlConnection),
+}
+
+/// A lock connection that may have a transaction open: unless marked clean,
+/// dropping it closes the socket without a goodbye (the server rolls back)
+/// and ends the server thread with `KILL` in the background, so nothing
+/// stays locked whatever await point a future was dropped at. A clean pooled
+/// one goes back to the pool; a clean own one is closed.
 struct Holding {
-    conn: Option<PoolConnection<MySql>>,
+    conn: Option<LockConn>,
     id: Option<u64>,
     dirty: bool,
     kill_on_drop: bool,
@@ -221,8 +249,7 @@ struct Holding {
 }
 
 impl Holding {
-    fn new(conn: PoolConnection<MySql>, shared: Arc<Shared>) -> Self {
-        shared.pinned.fetch_add(1, Ordering::Relaxed);
+    fn new(conn: LockConn, shared: Arc<Shared>) -> Self {
         Holding {
             conn: Some(conn),
             id: None,
@@ -234,7 +261,8 @@ impl Holding {
 
     fn conn(&mut self) -> Result<&mut MySqlConnection> {
         match self.conn.as_mut() {
-            Some(c) => Ok(&mut **c),
+            Some(LockConn::Pooled(c)) => Ok(&mut **c),
+            Some(LockConn::Own(c)) => Ok(c),
             None => Err(Error::lost(NAME, "the holding connection is closed")),
         }
     }
@@ -242,18 +270,27 @@ impl Holding {
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        self.shared.pinned.fetch_sub(1, Ordering::Relaxed);
         let Some(conn) = self.conn.take() else {
             return;
         };
         if !self.dirty {
-            drop(conn); // back to the pool
+            match conn {
+                LockConn::Pooled(c) => drop(c), // back to the pool
+                LockConn::Own(c) => {
+                    spawn_cleanup("close a lock connection", async move {
+                        let _ = c.close().await;
+                    });
+                }
+            }
             return;
         }
         // Closing the socket ends an idle session at once; a statement in
         // flight (a lock wait) ends only when the server next writes, so
         // KILL it too.
-        drop(conn.detach());
+        match conn {
+            LockConn::Pooled(c) => drop(c.detach()),
+            LockConn::Own(c) => drop(c),
+        }
         if let (true, Some(id)) = (self.kill_on_drop, self.id) {
             let shared = self.shared.clone();
             spawn_cleanup(
@@ -331,14 +368,7 @@ impl MysqlBackend {
             .idle_timeout(Some(Duration::from_secs(60)))
             .test_before_acquire(true)
             .after_connect(|conn, _meta| {
-                Box::pin(async move {
-                    // No gap locks on a missing row, and no shared locks for
-                    // the existence check of a new name.
-                    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .execute(conn)
-                        .await
-                        .map(drop)
-                })
+                Box::pin(async move { sqlx::raw_sql(SESSION_SETUP).execute(conn).await.map(drop) })
             })
             .connect_lazy_with(opts.clone());
         let aux = MySqlPoolOptions::new()
@@ -346,7 +376,7 @@ impl MysqlBackend {
             .min_connections(0)
             .acquire_timeout(cfg.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(60)))
-            .connect_lazy_with(opts);
+            .connect_lazy_with(opts.clone());
         let sql = Sql::new(&cfg.table, &cfg.fence_table());
         Ok(MysqlBackend {
             shared: Arc::new(Shared {
@@ -355,7 +385,7 @@ impl MysqlBackend {
                 aux,
                 server,
                 sql,
-                pinned: AtomicU64::new(0),
+                opts,
             }),
         })
     }
@@ -367,54 +397,43 @@ impl MysqlBackend {
 
     /// The server connection id (`CONNECTION_ID()`) of the session holding
     /// `name`, if the name is held: what an operator passes to `KILL` to end
-    /// the lock. Read from the fencing row, which each holder updates while
-    /// holding, and checked against the server's open transactions.
+    /// the lock.
+    ///
+    /// Each holder records its connection id in the fencing row while it
+    /// holds; but a connection that released the name may hold another one
+    /// by now. So the recorded id counts only if the server itself shows it
+    /// holding this name's row: a probe transaction asks for the row lock,
+    /// and the server's lock-wait graph (`information_schema.INNODB_LOCK_WAITS`
+    /// on MariaDB, `performance_schema.data_lock_waits` on MySQL 8) must show
+    /// the recorded connection blocking it. Needs the `PROCESS` privilege.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: it only reads.
+    /// Cancel safe: it only reads (the probe's connection is closed, and its
+    /// wait ended, when it is dropped).
     pub async fn holder_connection(&self, name: &str) -> Result<Option<u64>> {
-        let sh = &self.shared;
-        let q = sqlx::query(AssertSqlSafe(sh.sql.holder.clone()))
-            .bind(name.as_bytes())
-            .fetch_optional(&sh.aux);
-        let row = tokio::time::timeout(sh.cfg.request_timeout, q)
-            .await
-            .map_err(|_| timed_out("reading the holder", &sh.server, sh.cfg.request_timeout))?
-            .map_err(|e| sh.err(e, "reading the holder", name))?;
-        let Some(id) = row.and_then(|r| r.try_get::<Option<u64>, _>(0).ok().flatten()) else {
-            return Ok(None);
-        };
-        let q = sqlx::query(
-            "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = ?",
-        )
-        .bind(id)
-        .fetch_one(&sh.aux);
-        let row = tokio::time::timeout(sh.cfg.request_timeout, q)
-            .await
-            .map_err(|_| {
-                timed_out(
-                    "reading open transactions",
-                    &sh.server,
-                    sh.cfg.request_timeout,
-                )
-            })?
-            .map_err(|e| sh.err(e, "reading open transactions", name))?;
-        let open: i64 = row
-            .try_get(0)
-            .map_err(|e| sh.err(e, "reading open transactions", name))?;
-        Ok((open > 0).then_some(id))
+        let mut probe = Holding::new(
+            self.own_conn(self.shared.cfg.connect_timeout).await?,
+            self.shared.clone(),
+        );
+        self.verified_holder(&mut probe, name).await
     }
 
     /// Ends the lock on `name` as an operator would: `KILL` of the holding
     /// session (its transaction rolls back, the next waiter gets the row).
-    /// Returns whether a holder was found.
+    /// Returns whether a holder was found. Only the session the server shows
+    /// holding this name's row is killed (see
+    /// [`holder_connection`](MysqlBackend::holder_connection)).
     ///
     /// # Cancel safety
     ///
     /// A dropped call may or may not have killed the holder.
     pub async fn kill_holder(&self, name: &str) -> Result<bool> {
-        match self.holder_connection(name).await? {
+        let mut probe = Holding::new(
+            self.own_conn(self.shared.cfg.connect_timeout).await?,
+            self.shared.clone(),
+        );
+        match self.verified_holder(&mut probe, name).await? {
             Some(id) => {
                 self.shared.kill(id, false).await?;
                 Ok(true)
@@ -423,44 +442,135 @@ impl MysqlBackend {
         }
     }
 
-    /// A pooled connection for holding, within `deadline`; `None` when the
-    /// deadline passed with every connection busy.
-    async fn hold_conn(
-        &self,
-        name: &str,
-        deadline: Deadline,
-    ) -> Result<Option<PoolConnection<MySql>>> {
-        let sh = &self.shared;
-        // Exhausted: every connection is pinned by a held lock or an
-        // acquisition of this backend (not merely busy for a moment).
-        let exhausted = || sh.pinned.load(Ordering::Relaxed) >= u64::from(sh.cfg.pool_size);
-        if deadline == Deadline::Now && exhausted() {
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                NAME,
-                format!(
-                    "all {} pooled connections to {} are pinned by held locks or acquisitions; a try does not wait for one (raise pool_size, or wait)",
-                    sh.cfg.pool_size, sh.server
-                ),
-            )
-            .with_name(name));
+    /// The recorded holder of `name`, if the server shows it blocking
+    /// `probe`'s request for the row (see `holder_connection`).
+    async fn verified_holder(&self, probe: &mut Holding, name: &str) -> Result<Option<u64>> {
+        let sh = self.shared.clone();
+        self.begin(probe, 60, 3, name).await?;
+        let probe_id = probe.id.unwrap_or_default();
+        if self.lock_row(probe, name, Deadline::Now).await?.is_some() {
+            // Free (or no such row): nobody holds it.
+            return Ok(None);
         }
-        loop {
-            let res = match deadline.instant() {
-                Some(t) => match tokio::time::timeout_at(t.into(), sh.hold.acquire()).await {
-                    Ok(r) => r,
-                    Err(_) => return Ok(None),
-                },
-                None => sh.hold.acquire().await,
-            };
-            match res {
-                Ok(c) => return Ok(Some(c)),
-                Err(sqlx::Error::PoolTimedOut) if deadline != Deadline::Now && exhausted() => {
-                    tracing::debug!(name, "connection pool exhausted; waiting on");
+        // Held: wait for the row in the background, so that the server lists
+        // the wait and who blocks it.
+        let fut = sqlx::query(AssertSqlSafe(sh.sql.lock_wait.clone()))
+            .bind(name.as_bytes().to_vec())
+            .fetch_optional(probe.conn()?);
+        let verdict = async {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                // MariaDB refreshes its lock tables only after 100 ms
+                // without a read: a quicker read sees an old snapshot.
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let recorded = self.recorded_holder(name).await?;
+                let blockers = self.blockers_of(probe_id).await?;
+                if let Some(id) = recorded.filter(|id| blockers.contains(id)) {
+                    return Ok(Some(id));
                 }
-                Err(e) => return Err(sh.err(e, "getting a pooled connection", name)),
+                if Instant::now() >= deadline {
+                    // Held, but not by the recorded session (a new holder
+                    // that has not recorded itself yet): nothing to kill.
+                    return Ok(None);
+                }
+            }
+        };
+        tokio::select! {
+            // The row came free meanwhile (or the wait ended).
+            _ = fut => Ok(None),
+            v = verdict => v,
+        }
+        // Dropping the probe (dirty) closes it and ends its wait.
+    }
+
+    /// The connection id recorded in the fencing row of `name`.
+    async fn recorded_holder(&self, name: &str) -> Result<Option<u64>> {
+        let sh = &self.shared;
+        let q = sqlx::query(AssertSqlSafe(sh.sql.holder.clone()))
+            .bind(name.as_bytes())
+            .fetch_optional(&sh.aux);
+        let row = tokio::time::timeout(sh.cfg.request_timeout, q)
+            .await
+            .map_err(|_| timed_out("reading the holder", &sh.server, sh.cfg.request_timeout))?
+            .map_err(|e| map_err(e, "reading the holder", &sh.server))?;
+        Ok(row.and_then(|r| r.try_get::<Option<u64>, _>(0).ok().flatten()))
+    }
+
+    /// The connection ids whose transactions block `waiter`'s lock request,
+    /// from the server's lock-wait graph.
+    async fn blockers_of(&self, waiter: u64) -> Result<Vec<u64>> {
+        let sh = &self.shared;
+        let mut last = None;
+        for sql in [sql::BLOCKERS_MARIADB, sql::BLOCKERS_MYSQL8] {
+            let q = sqlx::query(sql).bind(waiter).fetch_all(&sh.aux);
+            match tokio::time::timeout(sh.cfg.request_timeout, q).await {
+                Err(_) => {
+                    return Err(timed_out(
+                        "reading the lock waits",
+                        &sh.server,
+                        sh.cfg.request_timeout,
+                    ))
+                }
+                Ok(Ok(rows)) => {
+                    return Ok(rows
+                        .iter()
+                        .filter_map(|r| r.try_get::<u64, _>(0).ok())
+                        .collect())
+                }
+                // This server has the other table.
+                Ok(Err(e)) if db_number(&e).is_some() => last = Some(e),
+                Ok(Err(e)) => return Err(map_err(e, "reading the lock waits", &sh.server)),
             }
         }
+        Err(match last {
+            Some(e) => map_err(e, "reading the lock waits", &sh.server),
+            None => Error::backend_error(NAME, "no lock-wait table"),
+        })
+    }
+
+    /// A connection of its own (not pooled), set up for lock statements,
+    /// connected within `within`.
+    async fn own_conn(&self, within: Duration) -> Result<LockConn> {
+        let sh = &self.shared;
+        let fut = MySqlConnection::connect_with(&sh.opts);
+        let mut c = tokio::time::timeout(within, fut)
+            .await
+            .map_err(|_| timed_out("connecting", &sh.server, sh.cfg.connect_timeout))?
+            .map_err(|e| map_err(e, "connecting", &sh.server))?;
+        let fut = sqlx::raw_sql(SESSION_SETUP).execute(&mut c);
+        tokio::time::timeout(sh.cfg.request_timeout, fut)
+            .await
+            .map_err(|_| {
+                timed_out(
+                    "setting up a connection",
+                    &sh.server,
+                    sh.cfg.request_timeout,
+                )
+            })?
+            .map_err(|e| map_err(e, "setting up a connection", &sh.server))?;
+        Ok(LockConn::Own(c))
+    }
+
+    /// A connection to wait and hold on: an idle pooled one, a new pooled
+    /// one while the pool has room, else one of its own. Waiters and holders
+    /// never wait for each other's connections: a busy pool only costs a
+    /// connection setup.
+    async fn lock_conn(&self) -> Result<LockConn> {
+        let sh = &self.shared;
+        if let Some(c) = sh.hold.try_acquire() {
+            return Ok(LockConn::Pooled(c));
+        }
+        // One connect timeout in all: half for a new pooled connection,
+        // the rest for one of its own (a busy pool, or a slow server).
+        let started = Instant::now();
+        if sh.hold.size() < sh.cfg.pool_size {
+            let fut = sh.hold.acquire();
+            if let Ok(Ok(c)) = tokio::time::timeout(sh.cfg.connect_timeout / 2, fut).await {
+                return Ok(LockConn::Pooled(c));
+            }
+        }
+        let left = sh.cfg.connect_timeout.saturating_sub(started.elapsed());
+        self.own_conn(left).await
     }
 
     /// Starts the holding transaction: sets the session's idle timeout from
@@ -673,9 +783,7 @@ impl Backend for MysqlBackend {
         let sh = self.shared.clone();
         let name = req.name;
         let ttl = ttl_secs(req.ttl);
-        let Some(conn) = self.hold_conn(name, req.deadline).await? else {
-            return Ok(None);
-        };
+        let conn = self.lock_conn().await?;
         // From here, dropping `h` (an error, or this future dropped) closes
         // the connection and KILLs its thread: nothing stays locked.
         let mut h = Holding::new(conn, sh.clone());

@@ -6,7 +6,7 @@
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence` |
-//! | `pool_size` | 32 | connections for holding locks: each held lock pins one |
+//! | `pool_size` | 32 | connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after) |
 //! | `aux_pool_size` | 4 | connections for short autocommit statements (fencing counter, cancelling a wait) |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
@@ -40,7 +40,8 @@ pub struct MysqlConfig {
     /// The lock table (letters, digits, `_` and `$`, up to 58 characters);
     /// the fencing counters live in `<table>_fence`.
     pub table: String,
-    /// How many connections may hold locks at once (each held lock pins one).
+    /// How many connections are kept for waiting and holding locks (each
+    /// waiting or held lock uses one; beyond these, one is opened for it).
     pub pool_size: u32,
     /// How many connections run short autocommit statements.
     pub aux_pool_size: u32,

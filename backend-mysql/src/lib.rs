@@ -41,12 +41,14 @@
 //! incremented: B's token is larger. A counter that only goes up through
 //! committed statements cannot go backwards (rows are never deleted).
 //!
-//! **Pool.** Each held lock pins one connection of a pool of `pool_size`
-//! (32 by default). When all are pinned, a wait keeps waiting for one within
-//! its deadline, and a try fails at once with
-//! [`ErrorKind::Timeout`](lockcore::ErrorKind::Timeout) saying so; nothing
-//! hangs. A few more connections (`aux_pool_size`, 4) run the short
-//! autocommit statements.
+//! **Connections.** Every waiting or held lock has a connection of its own
+//! (the server's lock wait and the open transaction live on it): an idle
+//! one of a pool of `pool_size` (32 by default) when there is one, else one
+//! opened for it and closed after it. So waiters never take the connections
+//! a `try` or a second lock needs, and how many locks can be held or awaited
+//! at once is bounded by the server's `max_connections`, not by the pool. A
+//! few more connections (`aux_pool_size`, 4) run the short autocommit
+//! statements.
 //!
 //! **Cancel safety.** The transaction is never a sqlx `Transaction` (whose
 //! rollback is only queued when dropped): a connection with an open

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use lockcore::Locker;
-use lockcore_conformance::{run, Harness, Target};
+use lockcore::{Error, Locker};
+use lockcore_conformance::{run, Harness, Proxies, Target};
 use lockcore_mysql::{MysqlBackend, MysqlConfig};
 
 #[derive(Debug)]
@@ -30,6 +30,18 @@ impl Harness for Mysql {
         true
     }
 
+    fn can_proxy(&self) -> bool {
+        true
+    }
+
+    async fn connect_via(&self, proxies: &Proxies) -> Option<lockcore::Result<Locker>> {
+        let url = match proxies.route_url(&self.url, 3306).await {
+            Ok(u) => u,
+            Err(e) => return Some(Err(Error::backend_error("mysql", format!("proxy: {e}")))),
+        };
+        Some(lockcore_mysql::connect(&url).await)
+    }
+
     /// `KILL` of the session holding the row, as an operator ends a lock.
     async fn revoke(&self, name: &str) -> lockcore::Result<bool> {
         self.admin.kill_holder(name).await
@@ -44,9 +56,7 @@ fn main() -> std::process::ExitCode {
             let admin = MysqlBackend::connect(MysqlConfig::parse(&url)?).await?;
             let sep = if url.contains('?') { '&' } else { '?' };
             Ok(Arc::new(Mysql {
-                // `many_names_held_at_once` holds 100 names on one client: each
-                // pins a connection.
-                url: format!("{url}{sep}ensure_schema=false&pool_size=110"),
+                url: format!("{url}{sep}ensure_schema=false"),
                 admin,
             }) as Arc<dyn Harness>)
         },
