@@ -1,6 +1,9 @@
 //! The real `distlock` binary against each backend's server (from compose/):
 //! `run` never overlaps across processes, exit codes, a lost lease stops the
-//! command, signals pass through. One case at a time: some pause servers.
+//! command, signals pass through, the command never outlives a dead or
+//! stalled `distlock`, a signal while waiting leaves nothing queued, and a
+//! command run from a terminal can read it. One case at a time: some pause
+//! servers.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,7 +15,12 @@ use std::time::{Duration, Instant};
 use lockcore_conformance::{compose, run_serial, Ctx, Target, UndoOnDrop, UrlHarness};
 use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_distlock");
+/// The binary under test: the one cargo builds, or `LOCKTEST_DISTLOCK_BIN`
+/// (an installed one).
+fn bin() -> String {
+    std::env::var("LOCKTEST_DISTLOCK_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_distlock").to_owned())
+}
 
 /// One backend: target name, its variable, its compose/ server, and how the
 /// variable's value becomes a URL.
@@ -62,7 +70,7 @@ fn spec(ctx: &Ctx) -> &'static Spec {
 }
 
 fn distlock(ctx: &Ctx) -> Command {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(bin());
     c.env("DISTLOCK_URL", (spec(ctx).url)(&ctx.config))
         .env_remove("RUST_LOG")
         .stdin(Stdio::null());
@@ -75,6 +83,49 @@ fn scratch(ctx: &Ctx, what: &str) -> PathBuf {
     let p = dir.join(what);
     let _ = std::fs::remove_file(&p);
     p
+}
+
+/// Whether process `pid` still runs (not gone, not a zombie).
+fn running(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name in parentheses.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or("X");
+    !matches!(state, "Z" | "X" | "x")
+}
+
+/// The pid a command wrote to `path`.
+async fn pid_in(path: &std::path::Path) -> i32 {
+    until_exists(path).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Ok(Ok(p)) = std::fs::read_to_string(path).map(|s| s.trim().parse::<i32>()) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "no pid in {}", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `pid` no longer runs, or fails after `within`.
+async fn until_dead(pid: i32, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while running(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the command still runs after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    nix::sys::signal::kill(pid, sig).unwrap();
 }
 
 async fn until_exists(path: &std::path::Path) {
@@ -244,6 +295,171 @@ async fn lost_lease_stops_the_command(ctx: Ctx) {
     assert_eq!(st.code(), Some(76), "{st}");
 }
 
+/// `distlock` killed with SIGKILL while its command runs: the command dies
+/// with it at once (it would otherwise run on, lease-less, beside the next
+/// holder's).
+async fn command_dies_with_distlock(ctx: Ctx) {
+    let name = ctx.name("orphan");
+    let pidfile = scratch(&ctx, "pid");
+    let script = format!("echo $$ > {}; sleep 30", pidfile.display());
+    let mut child = distlock(&ctx)
+        .args(["run", "--ttl", "2s", &name, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let pid = pid_in(&pidfile).await;
+    signal(child.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
+    let _ = child.wait().await;
+    until_dead(pid, Duration::from_secs(2), "distlock was killed").await;
+    // The server frees the name by the ttl; the next holder runs alone.
+    let g = ctx
+        .locker()
+        .await
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("the name is free after the ttl");
+    g.release().await.unwrap();
+}
+
+/// `distlock` stopped (SIGSTOP, as a stalled process) while its command
+/// runs: the command is killed by the lease's validity deadline, and once
+/// `distlock` goes on it reports the lost lease.
+async fn stalled_distlock_stops_the_command(ctx: Ctx) {
+    let name = ctx.name("stalled");
+    let pidfile = scratch(&ctx, "pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut child = distlock(&ctx)
+        .args(["run", "--ttl", "2s", &name, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let pid = pid_in(&pidfile).await;
+    let id = child.id().unwrap();
+    signal(id, nix::sys::signal::Signal::SIGSTOP);
+    until_dead(pid, Duration::from_secs(4), "distlock was stopped").await;
+    signal(id, nix::sys::signal::Signal::SIGCONT);
+    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("distlock went on")
+        .unwrap();
+    assert_eq!(st.code(), Some(76), "{st}");
+}
+
+/// The command ends by itself while `distlock` is stopped past the lease's
+/// validity: when `distlock` goes on, the command's exit and the lost lease
+/// are both there, and it reports the loss (76), not the command's status.
+async fn exit_and_loss_together_report_lost(ctx: Ctx) {
+    let name = ctx.name("together");
+    let pidfile = scratch(&ctx, "pid");
+    let script = format!("echo $$ > {}; sleep 1", pidfile.display());
+    let mut child = distlock(&ctx)
+        .args(["run", "--ttl", "2s", &name, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    pid_in(&pidfile).await;
+    let id = child.id().unwrap();
+    signal(id, nix::sys::signal::Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    signal(id, nix::sys::signal::Signal::SIGCONT);
+    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("distlock went on")
+        .unwrap();
+    assert_eq!(st.code(), Some(76), "{st}");
+}
+
+/// SIGTERM while `distlock run` waits for a held lock: it exits 143 without
+/// running the command and leaves nothing queued on the server (the next
+/// holder gets the name right after the release).
+async fn signal_while_waiting_leaves_nothing(ctx: Ctx) {
+    let name = ctx.name("term-waiting");
+    let holder = ctx.locker().await;
+    let g = holder.lock(&name).await.unwrap();
+    let ran = scratch(&ctx, "ran");
+    let touch = format!("touch {}", ran.display());
+    let mut child = distlock(&ctx)
+        .args(["run", "--ttl", "30s", &name, "--", "sh", "-c", &touch])
+        .spawn()
+        .unwrap();
+    // Let it queue (nothing to await from outside).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    signal(child.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
+    let st = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("distlock ended")
+        .unwrap();
+    assert_eq!(st.code(), Some(143), "{st}");
+    assert!(!ran.exists(), "the command ran");
+    g.release().await.unwrap();
+    let next = ctx
+        .locker()
+        .await
+        .lock_timeout(&name, Duration::from_secs(3))
+        .await
+        .expect("nothing was left queued by the signalled distlock");
+    next.release().await.unwrap();
+}
+
+/// Run from a terminal (a pty from `script(1)`), the command can read the
+/// terminal: it is not stopped by SIGTTIN in a background process group
+/// while the lock is renewed forever.
+async fn command_in_a_terminal_reads_it(ctx: Ctx) {
+    let name = ctx.name("tty");
+    let url = (spec(&ctx).url)(&ctx.config);
+    let inner = format!(
+        "DISTLOCK_URL='{url}' {} run {name} -- sh -c 'read x; echo got:$x'",
+        bin()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux");
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"hello\n")
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut out = String::new();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut buf = [0u8; 256];
+        while !out.contains("got:hello") {
+            let n = tokio::io::AsyncReadExt::read(&mut stdout, &mut buf)
+                .await
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            out.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        out
+    })
+    .await;
+    drop(stdin);
+    let _ = child.kill().await;
+    let out = out.expect("the command never read the terminal (stopped in the background?)");
+    assert!(out.contains("got:hello"), "{out}");
+}
+
+/// A wait on a server that stopped answering ends with 69 (unavailable),
+/// not 75 (the lock is held): the two call for different actions.
+async fn silent_server_is_unavailable_not_held(ctx: Ctx) {
+    let server = spec(&ctx).server;
+    let name = ctx.name("silent");
+    let resume = UndoOnDrop::new("resume", &[server]);
+    compose("pause", server).await;
+    let t = Instant::now();
+    let st = tokio::time::timeout(
+        Duration::from_secs(30),
+        distlock(&ctx)
+            .args(["run", "--wait", "1s", &name, "--", "true"])
+            .status(),
+    )
+    .await;
+    drop(resume);
+    let st = st.expect("distlock hung on a paused server").unwrap();
+    assert_eq!(st.code(), Some(69), "{st} after {:?}", t.elapsed());
+}
+
 fn main() -> std::process::ExitCode {
     let targets = SPECS
         .iter()
@@ -264,6 +480,24 @@ fn main() -> std::process::ExitCode {
             })
             .case("lost_lease_stops_the_command", |c| {
                 Box::pin(lost_lease_stops_the_command(c))
+            })
+            .case("command_dies_with_distlock", |c| {
+                Box::pin(command_dies_with_distlock(c))
+            })
+            .case("stalled_distlock_stops_the_command", |c| {
+                Box::pin(stalled_distlock_stops_the_command(c))
+            })
+            .case("exit_and_loss_together_report_lost", |c| {
+                Box::pin(exit_and_loss_together_report_lost(c))
+            })
+            .case("signal_while_waiting_leaves_nothing", |c| {
+                Box::pin(signal_while_waiting_leaves_nothing(c))
+            })
+            .case("command_in_a_terminal_reads_it", |c| {
+                Box::pin(command_in_a_terminal_reads_it(c))
+            })
+            .case("silent_server_is_unavailable_not_held", |c| {
+                Box::pin(silent_server_is_unavailable_not_held(c))
             })
         })
         .collect();

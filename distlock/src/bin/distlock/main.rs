@@ -9,6 +9,7 @@ mod bench;
 mod exit;
 mod inspect;
 mod run;
+mod supervise;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,9 @@ enum Command {
     Inspect(inspect::Args),
     /// Measure a backend: uncontended and contended throughput, hand-off latency, many leases held.
     Bench(bench::Args),
+    /// (Internal) the supervisor `run` starts the command under.
+    #[command(name = "__supervise", hide = true)]
+    Supervise(supervise::Args),
 }
 
 fn init_logging(verbose: u8) {
@@ -65,6 +69,9 @@ fn init_logging(verbose: u8) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    if let Command::Supervise(args) = cli.command {
+        return ExitCode::from(supervise::supervise(args));
+    }
     let Some(url) = cli.url else {
         eprintln!("distlock: no backend: pass --url URL or set DISTLOCK_URL (e.g. redis://127.0.0.1:6379)");
         return ExitCode::from(exit::USAGE);
@@ -91,6 +98,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(locker, args).await,
             Command::Inspect(args) => inspect::inspect(locker, args).await,
             Command::Bench(args) => bench::bench(locker, &url, args).await,
+            Command::Supervise(_) => exit::SOFTWARE,
         }
     });
     ExitCode::from(code)

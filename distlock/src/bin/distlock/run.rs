@@ -1,16 +1,34 @@
 //! `distlock run`: a command under a lock.
+//!
+//! The command never runs without a live lease behind it. It runs under a
+//! supervisor (`distlock __supervise`, see `supervise.rs`) that leads its
+//! process group and kills the whole group if this process dies or stops
+//! renewing: this process tells it over a private socket, several times per
+//! ttl, how long the lease is valid, and tells it at once when the lease is
+//! lost. Signals (INT, TERM, HUP) are caught from the start: one that arrives
+//! while the lock is awaited ends the wait and leaves nothing queued; later
+//! ones are passed to the command.
 
+use std::io::IsTerminal;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::ExitStatusExt;
-use std::process::ExitStatus;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use distlock::{ErrorKind, LockOptions, Locker, Wait};
+use distlock::{ErrorKind, LockGuard, LockOptions, Locker, Wait};
 use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::unistd::{getpgrp, tcgetpgrp, Pid};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::exit;
+use crate::supervise::{set_foreground, status_code, Message};
+
+/// How long cleanups (a dropped acquisition, a release) may take before
+/// the process exits.
+const FLUSH: Duration = Duration::from_secs(5);
 
 /// Arguments of `distlock run`.
 #[derive(Debug, clap::Args)]
@@ -24,7 +42,9 @@ pub(crate) struct Args {
     /// Do not wait: fail at once when the lock is held.
     #[arg(long)]
     no_wait: bool,
-    /// When the lease is lost: time between SIGTERM and SIGKILL to the command.
+    /// When the lease is lost before its validity deadline: time between
+    /// SIGTERM and SIGKILL to the command (cut short at the deadline; once
+    /// the deadline passes the command is killed at once).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     grace: Duration,
     /// Exit code when the lock could not be had.
@@ -40,32 +60,63 @@ pub(crate) struct Args {
     command: Vec<String>,
 }
 
-fn status_code(status: ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(c), _) => u8::try_from(c & 0xff).unwrap_or(exit::SOFTWARE),
-        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(exit::SOFTWARE),
-        (None, None) => exit::SOFTWARE,
-    }
+/// INT, TERM and HUP, caught from the start of `run`.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
 }
 
-/// Sends `sig` to the command's process group (it runs in its own).
-fn signal_group(child: &Child, sig: Signal) {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        if let Err(e) = killpg(Pid::from_raw(pid), sig) {
-            tracing::debug!(%sig, error = %e, "could not signal the command");
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal caught.
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
         }
     }
 }
 
 /// Runs the command under the lock; returns the exit code.
 pub(crate) async fn run(locker: Locker, args: Args) -> u8 {
+    let code = run_inner(locker, &args).await;
+    // Undo what a dropped acquisition or guard left, before the runtime goes.
+    distlock::cleanup::flush(FLUSH).await;
+    code
+}
+
+async fn run_inner(locker: Locker, args: &Args) -> u8 {
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("distlock: cannot listen for signals: {e}");
+            return exit::SOFTWARE;
+        }
+    };
     let wait = match (args.no_wait, args.wait) {
         (true, _) => Wait::Try,
         (false, Some(d)) => Wait::For(d),
         (false, None) => Wait::Forever,
     };
     let opts = LockOptions::new().ttl(args.ttl).wait(wait);
-    let guard = match locker.acquire(&args.name, &opts).await {
+    let acquired = tokio::select! {
+        r = locker.acquire(&args.name, &opts) => r,
+        sig = signals.recv() => {
+            // Dropping the acquisition undoes it (flushed before exit).
+            eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name);
+            return signal_exit(sig);
+        }
+    };
+    let guard = match acquired {
         Ok(Some(g)) => g,
         Ok(None) => {
             eprintln!(
@@ -84,14 +135,93 @@ pub(crate) async fn run(locker: Locker, args: Args) -> u8 {
         }
     };
     tracing::info!(name = %args.name, fence = ?guard.fence(), "lock acquired");
+    let code = under_lease(&guard, args, &mut signals).await;
+    if let Err(e) = guard.release().await {
+        if code != args.lost_exit_code {
+            eprintln!("distlock: the command finished but {e}");
+        }
+    }
+    code
+}
 
-    let (program, rest) = match args.command.split_first() {
-        Some(split) => split,
-        None => return exit::USAGE,
+/// 128 + the signal's number, as a shell reports it.
+fn signal_exit(sig: Signal) -> u8 {
+    u8::try_from(128 + sig as i32).unwrap_or(exit::SOFTWARE)
+}
+
+/// A private directory (mode 0700) for the supervisor's socket.
+fn private_dir() -> std::io::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "distlock-{}-{}",
+        std::process::id(),
+        distlock::OwnerToken::random()
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// Removes the socket and its directory (the connection stays).
+fn remove_dir(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Kills the supervisor's whole group (the command's).
+fn kill_group(child: &Child) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+/// The lease's remaining validity, or `None` once lost.
+fn remaining(guard: &LockGuard) -> Option<Duration> {
+    guard
+        .valid_until()
+        .map(|t| t.saturating_duration_since(std::time::Instant::now()))
+}
+
+async fn send(conn: &mut UnixStream, m: Message) -> bool {
+    conn.write_all(m.line().as_bytes()).await.is_ok()
+}
+
+/// Runs the command under its supervisor while the lease lives; returns
+/// the exit code.
+async fn under_lease(guard: &LockGuard, args: &Args, signals: &mut Signals) -> u8 {
+    // In a terminal's foreground, the command's group takes the terminal.
+    let stdin = std::io::stdin();
+    let foreground =
+        (stdin.is_terminal() && tcgetpgrp(&stdin).ok() == Some(getpgrp())).then(getpgrp);
+    let dir = match private_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("distlock: cannot make a private directory for the supervisor: {e}");
+            return exit::SOFTWARE;
+        }
     };
-    let mut command = tokio::process::Command::new(program);
+    let socket = dir.join("s");
+    let listener = match UnixListener::bind(&socket) {
+        Ok(l) => l,
+        Err(e) => {
+            remove_dir(&dir);
+            eprintln!("distlock: cannot listen for the supervisor: {e}");
+            return exit::SOFTWARE;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            remove_dir(&dir);
+            eprintln!("distlock: cannot find its own executable to supervise the command: {e}");
+            return exit::SOFTWARE;
+        }
+    };
+    let mut command = tokio::process::Command::new(exe);
+    command.arg("__supervise").arg("--socket").arg(&socket);
+    if let Some(pg) = foreground {
+        command.arg("--foreground").arg(pg.as_raw().to_string());
+    }
     command
-        .args(rest)
+        .arg("--")
+        .args(&args.command)
         .env("DISTLOCK_NAME", &args.name)
         .process_group(0);
     match guard.fence() {
@@ -101,60 +231,83 @@ pub(crate) async fn run(locker: Locker, args: Args) -> u8 {
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("distlock: cannot run {program:?}: {e}");
-            let _ = guard.release().await;
-            return exit::NOT_STARTED;
-        }
-    };
-
-    let (mut sigint, mut sigterm, mut sighup) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) {
-        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
-        _ => {
-            eprintln!("distlock: cannot listen for signals");
-            signal_group(&child, Signal::SIGKILL);
-            let _ = child.wait().await;
-            let _ = guard.release().await;
+            remove_dir(&dir);
+            eprintln!("distlock: cannot start the supervisor: {e}");
             return exit::SOFTWARE;
         }
     };
+    let accepted = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await;
+    remove_dir(&dir);
+    let mut conn = match accepted {
+        Ok(Ok((conn, _))) => {
+            let peer = conn.peer_cred().ok().and_then(|c| c.pid());
+            if peer.and_then(|p| u32::try_from(p).ok()) != child.id() {
+                kill_group(&child);
+                let _ = child.wait().await;
+                eprintln!("distlock: an unexpected process answered on the supervisor's socket");
+                return exit::SOFTWARE;
+            }
+            conn
+        }
+        _ => {
+            kill_group(&child);
+            let _ = child.wait().await;
+            eprintln!("distlock: the supervisor did not start");
+            return exit::SOFTWARE;
+        }
+    };
+    let tick = (args.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut heartbeat = tokio::time::interval(tick);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let lost = guard.lost();
     tokio::pin!(lost);
-    loop {
+    let code = loop {
         tokio::select! {
-            status = child.wait() => {
-                let code = match status {
-                    Ok(s) => status_code(s),
-                    Err(e) => {
-                        eprintln!("distlock: waiting for the command: {e}");
-                        exit::SOFTWARE
-                    }
-                };
-                if let Err(e) = guard.release().await {
-                    eprintln!("distlock: the command finished but {e}");
-                }
-                return code;
-            }
+            biased;
             () = &mut lost => {
                 eprintln!(
                     "distlock: lease on {:?} lost ({}): stopping the command",
                     args.name,
                     guard.lost_reason().unwrap_or("unknown")
                 );
-                signal_group(&child, Signal::SIGTERM);
-                if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
-                    signal_group(&child, Signal::SIGKILL);
+                send(&mut conn, Message::Stop(args.grace)).await;
+                // The supervisor kills the group by the grace or the
+                // deadline; should it not, do it here.
+                if tokio::time::timeout(args.grace + Duration::from_secs(5), child.wait()).await.is_err() {
+                    kill_group(&child);
                     let _ = child.wait().await;
                 }
-                let _ = guard.release().await;
-                return args.lost_exit_code;
+                break args.lost_exit_code;
             }
-            _ = sigint.recv() => signal_group(&child, Signal::SIGINT),
-            _ = sigterm.recv() => signal_group(&child, Signal::SIGTERM),
-            _ = sighup.recv() => signal_group(&child, Signal::SIGHUP),
+            status = child.wait() => {
+                // The supervisor dies by SIGKILL only with its group, when
+                // the lease ran out (or it was killed): the command was
+                // stopped for want of a lease. And a lease not held now may
+                // have been lost while the command ran.
+                break match status {
+                    Ok(s) if s.signal() == Some(Signal::SIGKILL as i32) || !guard.is_held() => {
+                        args.lost_exit_code
+                    }
+                    Ok(s) => status_code(s),
+                    Err(e) => {
+                        eprintln!("distlock: waiting for the command: {e}");
+                        exit::SOFTWARE
+                    }
+                };
+            }
+            sig = signals.recv() => {
+                send(&mut conn, Message::Signal(sig as i32)).await;
+            }
+            _ = heartbeat.tick() => {
+                if let Some(left) = remaining(guard) {
+                    send(&mut conn, Message::Valid(left)).await;
+                }
+            }
         }
+    };
+    if foreground.is_some() {
+        // Should the supervisor have died holding the terminal.
+        set_foreground(getpgrp());
     }
+    code
 }
