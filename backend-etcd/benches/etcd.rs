@@ -7,7 +7,7 @@
 //! - contended handoff latency (release → next waiter holds) with 8 waiters,
 //!   p50/p99; floor: delete txn → watch event → one read txn.
 //!
-//! `cargo bench -p lockcore-etcd --bench etcd` with `LOCKTEST_ETCD` set
+//! `cargo bench -p lockcore-etcd --bench etcd` with `LOCKTEST_ETCD_URL` set
 //! (`BENCH_SECS` per figure, default 3).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,7 +18,7 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, WatchOptions,
 };
-use lockcore_conformance::workload;
+use lockcore::bench as workload;
 
 fn secs() -> Duration {
     let s = std::env::var("BENCH_SECS")
@@ -140,15 +140,16 @@ async fn handoff_raw(c: &Client, ns: &str, d: Duration) -> Vec<Duration> {
 }
 
 fn main() {
-    let Ok(url) = std::env::var("LOCKTEST_ETCD") else {
-        eprintln!("LOCKTEST_ETCD is unset: start compose/ and eval \"$(compose/local env)\"");
+    let Ok(url) = std::env::var("LOCKTEST_ETCD_URL") else {
+        eprintln!("LOCKTEST_ETCD_URL is unset: start compose/ and eval \"$(compose/local env)\"");
         std::process::exit(2);
     };
     let rt = workload::runtime();
     rt.block_on(async move {
         let d = secs();
         let ns = format!("bench-{:08x}", rand_u32());
-        let raw = Client::connect([url.as_str()], None).await.expect("raw");
+        let endpoint = url.replace("etcd://", "http://");
+        let raw = Client::connect([endpoint.as_str()], None).await.expect("raw");
         let l = lockcore_etcd::connect(&url).await.expect("connect");
         println!("etcd at {url}, {d:?} per figure");
 

@@ -28,19 +28,23 @@
 //! assert!(!format!("{cfg:?}").contains("s3cret"));
 //! ```
 
-use std::fmt;
 use std::time::Duration;
 
-use lockcore::address::{redact, ServerUrl};
+use lockcore::address::{redact, Secret, ServerUrl};
 use lockcore::{Error, Result};
 
-use crate::BACKEND;
+/// The backend's short name in errors and logs.
+pub const NAME: &str = "etcd";
+
+/// The URL schemes this backend takes (besides a list of `http://` or
+/// `https://` endpoints).
+pub const SCHEMES: &[&str] = &["etcd", "etcds"];
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "lockcore";
 
-/// Settings of an etcd backend.
-#[derive(Clone)]
+/// Settings of an etcd backend. `Debug` hides the password.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct EtcdConfig {
     /// The members, as `http://host:port` (or `https://`).
@@ -50,7 +54,7 @@ pub struct EtcdConfig {
     /// User name for etcd authentication.
     pub user: Option<String>,
     /// Password for etcd authentication (never printed).
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Whether to speak TLS.
     pub tls: bool,
     /// A PEM file with the CA certificate(s) to trust, for TLS.
@@ -61,22 +65,6 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// Timeout of one request (capped at half the lease ttl, at least 1 s).
     pub request_timeout: Duration,
-}
-
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("prefix", &self.prefix)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("tls", &self.tls)
-            .field("ca_file", &self.ca_file)
-            .field("domain", &self.domain)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .finish()
-    }
 }
 
 impl EtcdConfig {
@@ -107,10 +95,15 @@ impl EtcdConfig {
     }
 
     /// Parses one of the URL forms in the [module docs](self).
+    ///
+    /// # Errors
+    ///
+    /// [`lockcore::ErrorKind::InvalidConfig`], naming the part of the URL that is
+    /// wrong.
     pub fn parse(url: &str) -> Result<Self> {
         let url = url.trim();
         let bad =
-            |what: String| Error::invalid_config(BACKEND, format!("{what} (in {})", redact(url)));
+            |what: String| Error::invalid_config(NAME, format!("{what} (in {})", redact(url)));
         // An endpoints list (`http://a:2379,http://b:2379?...`) reads as
         // `etcd://a:2379,b:2379?...` (`etcds://` for https).
         let listed;
@@ -174,37 +167,26 @@ impl EtcdConfig {
         }
         cfg.user = u.user.clone();
         cfg.password = u.password.clone();
-        for (k, v) in &u.options {
-            let ms = |v: &str| -> Result<Duration> {
-                match v.parse::<u64>() {
-                    Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
-                    _ => Err(bad(format!(
-                        "option {k}={v:?} must be a positive number of milliseconds"
-                    ))),
-                }
-            };
-            match k.as_str() {
-                "prefix" => cfg.prefix = v.trim_end_matches('/').to_owned(),
-                "user" => cfg.user = Some(v.clone()),
-                "password" => cfg.password = Some(v.clone()),
-                "tls" => {
-                    cfg.tls = match v.as_str() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        _ => return Err(bad(format!("option tls={v:?} must be true or false"))),
-                    }
-                }
-                "ca_file" => cfg.ca_file = Some(v.clone()),
-                "domain" => cfg.domain = Some(v.clone()),
-                "connect_timeout_ms" => cfg.connect_timeout = ms(v)?,
-                "request_timeout_ms" => cfg.request_timeout = ms(v)?,
-                other => {
-                    return Err(bad(format!(
-                        "unknown option {other:?} (known: prefix, user, password, tls, ca_file, domain, connect_timeout_ms, request_timeout_ms)"
-                    )))
-                }
-            }
+        let mut o = u.options();
+        if let Some(p) = o.string("prefix") {
+            cfg.prefix = p.trim_end_matches('/').to_owned();
         }
+        if let Some(user) = o.string("user") {
+            cfg.user = Some(user);
+        }
+        if let Some(p) = o.string("password") {
+            cfg.password = Some(Secret::new(p));
+        }
+        cfg.tls = o.boolean("tls").map_err(&bad)?.unwrap_or(cfg.tls);
+        cfg.ca_file = o.string("ca_file");
+        cfg.domain = o.string("domain");
+        if let Some(t) = o.millis("connect_timeout_ms").map_err(&bad)? {
+            cfg.connect_timeout = t;
+        }
+        if let Some(t) = o.millis("request_timeout_ms").map_err(&bad)? {
+            cfg.request_timeout = t;
+        }
+        o.finish().map_err(&bad)?;
         if cfg.password.is_some() && cfg.user.is_none() {
             return Err(bad("a password was given without a user".to_owned()));
         }
@@ -221,19 +203,23 @@ impl EtcdConfig {
     }
 
     /// Checks the settings that do not need a server.
+    ///
+    /// # Errors
+    ///
+    /// [`lockcore::ErrorKind::InvalidConfig`] for settings that cannot work.
     pub fn validate(&self) -> Result<()> {
         if self.endpoints.is_empty() {
-            return Err(Error::invalid_config(BACKEND, "no etcd endpoint given"));
+            return Err(Error::invalid_config(NAME, "no etcd endpoint given"));
         }
         if self.tls && !cfg!(feature = "tls") {
             return Err(Error::invalid_config(
-                BACKEND,
+                NAME,
                 "TLS was asked for, but lockcore-etcd was built without its `tls` feature",
             ));
         }
         if self.prefix.bytes().any(|b| b.is_ascii_control()) {
             return Err(Error::invalid_config(
-                BACKEND,
+                NAME,
                 "the key prefix must not contain control characters",
             ));
         }
@@ -265,7 +251,7 @@ mod tests {
         let c = EtcdConfig::parse("etcd://u%40x:p%3Aw@[::1]:1/?prefix=&request_timeout_ms=900")
             .unwrap();
         assert_eq!(c.user.as_deref(), Some("u@x"));
-        assert_eq!(c.password.as_deref(), Some("p:w"));
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("p:w"));
         assert_eq!(c.endpoints, ["http://[::1]:1"]);
         assert_eq!(c.prefix, "");
         assert_eq!(c.request_timeout, Duration::from_millis(900));

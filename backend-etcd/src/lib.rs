@@ -63,17 +63,22 @@
 
 mod backend;
 pub mod config;
+mod error;
+mod keys;
+mod lease;
+mod wait;
 
 pub use backend::{EtcdBackend, EtcdCounters, EtcdStats};
-pub use config::{EtcdConfig, DEFAULT_PREFIX};
+pub use config::{EtcdConfig, DEFAULT_PREFIX, NAME, SCHEMES};
 
 use lockcore::Locker;
 
-/// The backend's short name in errors and logs.
-pub(crate) const BACKEND: &str = "etcd";
-
 /// Connects to the etcd members that `url` names (see [`config`]) and
 /// returns a [`Locker`] over them.
+///
+/// # Errors
+///
+/// As [`EtcdConfig::parse`] and [`EtcdBackend::connect`].
 ///
 /// # Cancel safety
 ///
@@ -83,6 +88,10 @@ pub async fn connect(url: &str) -> lockcore::Result<Locker> {
 }
 
 /// Like [`connect`], from parsed settings.
+///
+/// # Errors
+///
+/// As [`EtcdBackend::connect`].
 ///
 /// # Cancel safety
 ///
@@ -101,5 +110,5 @@ pub async fn connect_config(cfg: EtcdConfig) -> lockcore::Result<Locker> {
 /// assert_eq!(lockcore_etcd::lock_range("", "plain"), "plain/");
 /// ```
 pub fn lock_range(prefix: &str, name: &str) -> String {
-    backend::range_of(prefix.trim_end_matches('/'), name)
+    keys::range_of(prefix.trim_end_matches('/'), name)
 }

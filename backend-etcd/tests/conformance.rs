@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use etcd_client::GetOptions;
 use lockcore::{Error, Locker};
-use lockcore_conformance::{run, Harness, Proxies, Target};
+use lockcore_conformance::{run, Harness, Proxies, Target, COMPOSE_HINT};
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, EtcdCounters, DEFAULT_PREFIX};
 
-/// An etcd topology under test: `url` as `LOCKTEST_ETCD*` gives it.
+/// An etcd topology under test: `url` as `LOCKTEST_ETCD*_URL` gives it.
 #[derive(Debug)]
 struct Etcd {
     url: String,
@@ -66,9 +66,7 @@ impl Harness for Etcd {
     }
 
     async fn connect_via(&self, proxies: &Proxies) -> Option<lockcore::Result<Locker>> {
-        // `http://a:1,http://b:2` as `etcd://a:1,b:2`.
-        let url = format!("etcd://{}", self.url.replace("http://", ""));
-        let url = match proxies.route_url(&url, 2379).await {
+        let url = match proxies.route_url(&self.url, 2379).await {
             Ok(u) => u,
             Err(e) => return Some(Err(Error::backend_error("etcd", format!("proxy: {e}")))),
         };
@@ -101,9 +99,10 @@ fn main() -> std::process::ExitCode {
                 counters: Mutex::default(),
             }) as Arc<dyn Harness>)
         })
+        .hint(COMPOSE_HINT)
     };
     run(vec![
-        target("etcd", "LOCKTEST_ETCD"),
-        target("etcd-cluster", "LOCKTEST_ETCD_CLUSTER"),
+        target("etcd", "LOCKTEST_ETCD_URL"),
+        target("etcd-cluster", "LOCKTEST_ETCD_CLUSTER_URL"),
     ])
 }

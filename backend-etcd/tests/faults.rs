@@ -15,7 +15,8 @@ use etcd_client::{CompactionOptions, GetOptions};
 use lockcore::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness,
+    compose, run_serial, ClientPause, ConnectFuture, Ctx, Dir, Proxies, Target, UndoOnDrop,
+    UrlHarness, COMPOSE_HINT,
 };
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -51,7 +52,14 @@ async fn waiters(l: &Locker, name: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// The index (0-based, in `LOCKTEST_ETCD_CLUSTER` order) of the leader.
+/// The index (0-based, in `LOCKTEST_ETCD_CLUSTER_URL` order) of the leader.
+/// The `http://host:port` endpoint of each member an `etcd://` URL names.
+fn endpoints(ctx: &Ctx) -> Vec<String> {
+    lockcore::address::ServerUrl::parse(&ctx.config, 2379)
+        .map(|u| u.hosts.iter().map(|h| format!("http://{h}")).collect())
+        .expect("an etcd:// URL")
+}
+
 async fn leader(endpoints: &[String]) -> usize {
     for (i, ep) in endpoints.iter().enumerate() {
         let Ok(mut c) = etcd_client::Client::connect([ep.as_str()], None).await else {
@@ -70,7 +78,7 @@ async fn leader(endpoints: &[String]) -> usize {
 /// two holders, tokens keep rising, and every waiter gets the lock.
 async fn leader_killed_under_contention(ctx: Ctx) {
     const WAITERS: usize = 3;
-    let endpoints: Vec<String> = ctx.config.split(',').map(|s| s.trim().to_owned()).collect();
+    let endpoints = endpoints(&ctx);
     let name = ctx.name("leader-kill");
     let ttl = Duration::from_secs(5);
     let opts = LockOptions::new()
@@ -150,8 +158,8 @@ async fn leader_killed_under_contention(ctx: Ctx) {
 /// A holder whose renewals stall loses its lease after the ttl: its lost
 /// signal fires, and the waiter gets the lock only then, with a larger token.
 async fn stalled_holder_loses_lease(ctx: Ctx) {
-    let b = backend(&ctx).await;
-    let a = Locker::new(b.clone());
+    let pause = ClientPause::new();
+    let a = pause.wrap(&ctx.locker().await);
     let name = ctx.name("stalled");
     let ttl = Duration::from_secs(2);
     let g = a
@@ -175,7 +183,7 @@ async fn stalled_holder_loses_lease(ctx: Ctx) {
         waiters(&other, &name).await == 1
     })
     .await;
-    b.pause_renewals(true);
+    pause.pause();
     let paused = Instant::now();
     tokio::time::timeout(ttl + Duration::from_secs(5), g.lost())
         .await
@@ -197,22 +205,34 @@ async fn stalled_holder_loses_lease(ctx: Ctx) {
     );
     let fence2 = g2.fence().expect("fence");
     assert!(fence2 > fence1, "token {fence2} after {fence1}");
-    b.pause_renewals(false);
+    pause.resume();
     let err = g.release().await.expect_err("release of a lost lease");
     assert_eq!(err.kind(), ErrorKind::Lost);
     assert!(
-        g2.is_held(),
+        ctx.locker()
+            .await
+            .try_lock(&name)
+            .await
+            .expect("try")
+            .is_none(),
         "the stalled holder's release freed the new holder"
     );
     g2.release().await.expect("release");
 }
 
-/// A compaction overtakes a waiter's predecessor watch: the waiter reads
-/// again, and still wakes promptly when the holder releases.
+/// A compaction overtakes a waiter's predecessor watch (its requests slowed
+/// down by 1.5 s through a proxy, so that compactions land between its read
+/// and its watch): the waiter reads again, and still wakes promptly when the
+/// holder releases.
 async fn compaction_during_long_wait(ctx: Ctx) {
     let a = ctx.locker().await;
-    let wb = backend(&ctx).await;
-    let w = Locker::new(wb.clone());
+    let proxies = Proxies::new();
+    let routed = proxies.route_url(&ctx.config, 2379).await.expect("proxy");
+    let wb = EtcdBackend::connect(EtcdConfig::parse(&routed).expect("config"))
+        .await
+        .expect("connect");
+    let counters = wb.counters();
+    let w = Locker::new(wb);
     let name = ctx.name("compaction");
     let g = a
         .acquire(
@@ -224,7 +244,8 @@ async fn compaction_during_long_wait(ctx: Ctx) {
         .await
         .expect("acquire")
         .expect("free");
-    wb.delay_watches(Duration::from_millis(1500));
+    // Every request of the waiter, its watches included, arrives late.
+    proxies.delay(Dir::Up, Duration::from_millis(1500));
     let waiter = {
         let name = name.clone();
         tokio::spawn(async move {
@@ -238,10 +259,10 @@ async fn compaction_during_long_wait(ctx: Ctx) {
         waiters(&a, &name).await == 1
     })
     .await;
-    let mut raw = wb.client().clone();
+    let mut raw = backend(&ctx).await.client().clone();
     let filler = format!("{}/filler", ctx.namespace);
-    let end = Instant::now() + Duration::from_secs(20);
-    while wb.compacted_watches() == 0 {
+    let end = Instant::now() + Duration::from_secs(30);
+    while counters.snapshot().compacted_watches == 0 {
         assert!(
             Instant::now() < end,
             "no predecessor watch met a compaction"
@@ -259,8 +280,16 @@ async fn compaction_during_long_wait(ctx: Ctx) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    wb.delay_watches(Duration::ZERO);
-    assert!(g.is_held());
+    proxies.delay(Dir::Up, Duration::ZERO);
+    assert!(
+        ctx.locker()
+            .await
+            .try_lock(&name)
+            .await
+            .expect("try")
+            .is_none(),
+        "the holder lost the name"
+    );
     let released = Instant::now();
     g.release().await.expect("release");
     let got = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -268,7 +297,7 @@ async fn compaction_during_long_wait(ctx: Ctx) {
         .expect("the wake-up was not lost")
         .expect("waiter task");
     let wake = got.saturating_duration_since(released);
-    // At most one watch delay (1.5 s) that was already running, plus slack.
+    // At most one delay (1.5 s) already under way, plus slack.
     assert!(
         wake < Duration::from_secs(4),
         "woke {wake:?} after the release"
@@ -286,7 +315,7 @@ async fn etcdctl_lock_interoperates(ctx: Ctx) {
     let etcdctl = |cmd: &[&str]| {
         let mut c = tokio::process::Command::new("etcdctl");
         c.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", ctx.config))
+            .arg(format!("--endpoints={}", endpoints(&ctx).join(",")))
             .args(["lock", pfx, "--"])
             .args(cmd)
             .stdout(Stdio::piped())
@@ -352,7 +381,8 @@ async fn etcdctl_lock_interoperates(ctx: Ctx) {
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![
-        Target::new("etcd-faults", Some("LOCKTEST_ETCD"), url)
+        Target::new("etcd-faults", Some("LOCKTEST_ETCD_URL"), url)
+            .hint(COMPOSE_HINT)
             .only_own_cases()
             .case("stalled_holder_loses_lease", |ctx| {
                 Box::pin(stalled_holder_loses_lease(ctx))
@@ -363,10 +393,15 @@ fn main() -> std::process::ExitCode {
             .case("etcdctl_lock_interoperates", |ctx| {
                 Box::pin(etcdctl_lock_interoperates(ctx))
             }),
-        Target::new("etcd-cluster-faults", Some("LOCKTEST_ETCD_CLUSTER"), url)
-            .only_own_cases()
-            .case("leader_killed_under_contention", |ctx| {
-                Box::pin(leader_killed_under_contention(ctx))
-            }),
+        Target::new(
+            "etcd-cluster-faults",
+            Some("LOCKTEST_ETCD_CLUSTER_URL"),
+            url,
+        )
+        .hint(COMPOSE_HINT)
+        .only_own_cases()
+        .case("leader_killed_under_contention", |ctx| {
+            Box::pin(leader_killed_under_contention(ctx))
+        }),
     ])
 }

@@ -15,7 +15,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore_conformance::workload;
+use lockcore::bench as workload;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
 const RUN: Duration = Duration::from_secs(3);

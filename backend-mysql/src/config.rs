@@ -18,13 +18,17 @@
 use std::fmt;
 use std::time::Duration;
 
-use lockcore::address::{redact, ServerUrl};
+use lockcore::address::{redact, HostPort, Secret, ServerUrl};
 use lockcore::{Error, Result};
 
-pub(crate) const NAME: &str = "mysql";
+/// The backend's short name in errors and logs.
+pub const NAME: &str = "mysql";
+
+/// The URL schemes this backend takes.
+pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
 
 /// Settings of a MySQL/MariaDB backend. `Debug` hides the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MysqlConfig {
     /// Host name or address.
@@ -34,7 +38,7 @@ pub struct MysqlConfig {
     /// User name.
     pub user: Option<String>,
     /// Password.
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Database (schema) holding the tables.
     pub database: Option<String>,
     /// The lock table (letters, digits, `_` and `$`, up to 58 characters);
@@ -53,32 +57,14 @@ pub struct MysqlConfig {
     pub ensure_schema: bool,
 }
 
-impl fmt::Debug for MysqlConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("database", &self.database)
-            .field("table", &self.table)
-            .field("pool_size", &self.pool_size)
-            .field("aux_pool_size", &self.aux_pool_size)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .field("ensure_schema", &self.ensure_schema)
-            .finish()
-    }
-}
-
 impl fmt::Display for MysqlConfig {
     /// `host:port/database`, without credentials.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)?;
-        } else {
-            write!(f, "{}:{}", self.host, self.port)?;
-        }
+        let addr = HostPort {
+            host: self.host.clone(),
+            port: self.port,
+        };
+        write!(f, "{addr}")?;
         if let Some(db) = &self.database {
             write!(f, "/{db}")?;
         }
@@ -112,6 +98,11 @@ impl MysqlConfig {
     /// Parses a URL (see the module docs). Errors are
     /// [`InvalidConfig`](lockcore::ErrorKind::InvalidConfig) and name the part
     /// that is wrong.
+    ///
+    /// # Errors
+    ///
+    /// [`lockcore::ErrorKind::InvalidConfig`], naming the part of the URL that is
+    /// wrong.
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |what: String| {
             Error::invalid_config(NAME, format!("in MySQL URL {}: {what}", redact(url)))
@@ -140,53 +131,43 @@ impl MysqlConfig {
         if !u.path.is_empty() {
             cfg.database = Some(u.path.clone());
         }
-        for (k, v) in &u.options {
-            let ms = || -> Result<Duration> {
-                match v.parse::<u64>() {
-                    Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
-                    _ => Err(bad(format!(
-                        "option {k}={v:?} is not a positive number of milliseconds"
-                    ))),
+        let mut o = u.options();
+        if let Some(v) = o.string("table") {
+            check_table(&v).map_err(|why| bad(format!("option table={v:?}: {why}")))?;
+            cfg.table = v;
+        }
+        for (key, field) in [
+            ("pool_size", &mut cfg.pool_size),
+            ("aux_pool_size", &mut cfg.aux_pool_size),
+        ] {
+            if let Some(n) = o.number::<u32>(key).map_err(&bad)? {
+                if !(1..=10_000).contains(&n) {
+                    return Err(bad(format!(
+                        "option {key}={n} is not a count from 1 to 10000"
+                    )));
                 }
-            };
-            let count = || -> Result<u32> {
-                match v.parse::<u32>() {
-                    Ok(n) if (1..=10_000).contains(&n) => Ok(n),
-                    _ => Err(bad(format!(
-                        "option {k}={v:?} is not a count from 1 to 10000"
-                    ))),
-                }
-            };
-            match k.as_str() {
-                "table" => {
-                    check_table(v).map_err(|why| bad(format!("option table={v:?}: {why}")))?;
-                    cfg.table = v.clone();
-                }
-                "pool_size" => cfg.pool_size = count()?,
-                "aux_pool_size" => cfg.aux_pool_size = count()?,
-                "connect_timeout_ms" => cfg.connect_timeout = ms()?,
-                "request_timeout_ms" => cfg.request_timeout = ms()?,
-                "ensure_schema" => {
-                    cfg.ensure_schema = match v.as_str() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        _ => {
-                            return Err(bad(format!(
-                                "option ensure_schema={v:?} is not true or false"
-                            )))
-                        }
-                    }
-                }
-                "ssl-mode" | "sslmode" | "ssl_mode" => {
-                    if !v.eq_ignore_ascii_case("disabled") {
-                        return Err(bad(format!(
-                            "option {k}={v:?}: TLS is not supported by this build; use ssl-mode=disabled through a TLS tunnel"
-                        )));
-                    }
-                }
-                other => return Err(bad(format!("unknown option {other:?}"))),
+                *field = n;
             }
         }
+        if let Some(t) = o.millis("connect_timeout_ms").map_err(&bad)? {
+            cfg.connect_timeout = t;
+        }
+        if let Some(t) = o.millis("request_timeout_ms").map_err(&bad)? {
+            cfg.request_timeout = t;
+        }
+        if let Some(b) = o.boolean("ensure_schema").map_err(&bad)? {
+            cfg.ensure_schema = b;
+        }
+        for key in ["ssl-mode", "sslmode", "ssl_mode"] {
+            if let Some(v) = o.string(key) {
+                if !v.eq_ignore_ascii_case("disabled") {
+                    return Err(bad(format!(
+                        "option {key}={v:?}: TLS is not supported by this build; use ssl-mode=disabled through a TLS tunnel"
+                    )));
+                }
+            }
+        }
+        o.finish().map_err(&bad)?;
         Ok(cfg)
     }
 }
@@ -218,7 +199,7 @@ mod tests {
         .unwrap();
         assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 13306));
         assert_eq!(c.user.as_deref(), Some("u"));
-        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("p@ss"));
         assert_eq!(c.database.as_deref(), Some("lockcore"));
         assert_eq!(c.table, "my_locks");
         assert_eq!(c.fence_table(), "my_locks_fence");

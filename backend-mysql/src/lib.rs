@@ -69,14 +69,25 @@
 
 mod backend;
 pub mod config;
+mod error;
+mod holder;
+mod holding;
+mod lease;
+mod sql;
+mod transaction;
 
-pub use backend::{schema_sql, MysqlBackend};
-pub use config::MysqlConfig;
+pub use backend::MysqlBackend;
+pub use config::{MysqlConfig, NAME, SCHEMES};
+pub use sql::schema_sql;
 
 use lockcore::Locker;
 
 /// Connects to the server that `url` names (`mysql://` or `mariadb://`, see
 /// [`config`]) and returns a [`Locker`] over it.
+///
+/// # Errors
+///
+/// As [`MysqlConfig::parse`] and [`MysqlBackend::connect`].
 ///
 /// # Cancel safety
 ///

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lockcore::{Error, Locker};
-use lockcore_conformance::{run, Harness, Proxies, Target};
+use lockcore_conformance::{run, Harness, Proxies, Target, COMPOSE_HINT};
 use lockcore_mysql::{MysqlBackend, MysqlConfig};
 
 #[derive(Debug)]
@@ -60,5 +60,6 @@ fn main() -> std::process::ExitCode {
                 admin,
             }) as Arc<dyn Harness>)
         },
-    )])
+    )
+    .hint(COMPOSE_HINT)])
 }

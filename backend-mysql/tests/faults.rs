@@ -8,7 +8,9 @@
 use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Wait};
-use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness};
+use lockcore_conformance::{
+    compose, run_serial, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness, COMPOSE_HINT,
+};
 use lockcore_mysql::{MysqlBackend, MysqlConfig};
 use sqlx::{Connection, Row};
 
@@ -231,6 +233,103 @@ async fn kill_holder_spares_a_reused_connection(ctx: Ctx) {
     gy.release().await.expect("release");
 }
 
+/// The recorded holder of a name that now *waits* for it (another session
+/// took the row without recording itself): `kill_holder` finds no holder to
+/// kill and leaves the waiter alone.
+async fn kill_holder_never_kills_a_waiter(ctx: Ctx) {
+    let l = lockcore_mysql::connect(&with_opts(&ctx, "pool_size=1&ensure_schema=false"))
+        .await
+        .expect("connect");
+    let backend = MysqlBackend::connect(MysqlConfig::parse(&ctx.config).unwrap())
+        .await
+        .unwrap();
+    let name = ctx.name("waiter-recorded");
+    let g = l.try_lock(&name).await.expect("try").expect("free");
+    let recorded = backend
+        .holder_connection(&name)
+        .await
+        .expect("holder_connection")
+        .expect("held");
+    g.release().await.expect("release");
+    // Another session takes the row without recording itself.
+    let mut raw = admin(&ctx).await;
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM lockcore_locks WHERE name = ? FOR UPDATE")
+        .bind(name.as_bytes())
+        .fetch_optional(&mut raw)
+        .await
+        .unwrap();
+    // The recorded connection waits for the row (the pool gives it back
+    // in the background: try until the waiting session is that one).
+    let mut tries = 0;
+    let waiter = loop {
+        let w = {
+            let (l, n) = (l.clone(), name.clone());
+            tokio::spawn(async move { l.lock(&n).await.map(drop) })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waiting: Vec<u64> = sqlx::query(
+            "SELECT CAST(trx_mysql_thread_id AS UNSIGNED) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'",
+        )
+        .fetch_all(&mut admin(&ctx).await)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        if waiting.contains(&recorded) {
+            break w;
+        }
+        w.abort();
+        tries += 1;
+        assert!(tries < 30, "the recorded connection never waited");
+    };
+    let killed = backend.kill_holder(&name).await.expect("kill_holder");
+    assert!(
+        !killed,
+        "kill_holder killed the recorded session, which only waits"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter was ended");
+    sqlx::raw_sql("ROLLBACK").execute(&mut raw).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the row")
+        .expect("task")
+        .expect("the waiter acquires");
+}
+
+/// The server restarts while the client keeps idle pooled connections: the
+/// next lock does not fail on a dead one.
+async fn first_lock_after_a_server_restart(ctx: Ctx) {
+    let l = lockcore_mysql::connect(&with_opts(&ctx, "pool_size=4&ensure_schema=false"))
+        .await
+        .expect("connect");
+    let mut guards = Vec::new();
+    for i in 0..3 {
+        guards.push(
+            l.try_lock(&ctx.name(&format!("restart/{i}")))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    let _start = UndoOnDrop::new("start", &["mariadb"]);
+    compose("kill", "mariadb").await;
+    compose("start", "mariadb").await;
+    let g = l
+        .lock_timeout(&ctx.name("restart/after"), Duration::from_secs(10))
+        .await
+        .expect("the first lock after a restart");
+    g.release().await.unwrap();
+}
+
 /// A guard dropped without `release()` frees the row within a bound, not
 /// whenever a pool gets round to a queued rollback.
 async fn dropped_guard_frees_row_promptly(ctx: Ctx) {
@@ -294,6 +393,7 @@ fn main() -> std::process::ExitCode {
             Ok(UrlHarness::shared(url, connect))
         },
     )
+    .hint(COMPOSE_HINT)
     .only_own_cases()
     .case("kill_holder_connection", |ctx| {
         Box::pin(kill_holder_connection(ctx))
@@ -306,6 +406,12 @@ fn main() -> std::process::ExitCode {
     })
     .case("kill_holder_spares_a_reused_connection", |ctx| {
         Box::pin(kill_holder_spares_a_reused_connection(ctx))
+    })
+    .case("kill_holder_never_kills_a_waiter", |ctx| {
+        Box::pin(kill_holder_never_kills_a_waiter(ctx))
+    })
+    .case("first_lock_after_a_server_restart", |ctx| {
+        Box::pin(first_lock_after_a_server_restart(ctx))
     })
     .case("dropped_guard_frees_row_promptly", |ctx| {
         Box::pin(dropped_guard_frees_row_promptly(ctx))

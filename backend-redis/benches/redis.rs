@@ -17,7 +17,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use lockcore_conformance::workload;
+use lockcore::bench as workload;
 
 const RUN: Duration = Duration::from_secs(4);
 
@@ -99,10 +99,9 @@ fn main() {
             clients.push(lockcore_redis::connect(&url).await.unwrap());
         }
         let lat = workload::handoffs(clients, &format!("{ns}/handoff"), RUN).await.unwrap();
-        let red = match std::env::var("LOCKTEST_REDLOCK_URLS") {
-            Ok(list) => {
-                let hosts: Vec<&str> = list.split(',').map(|u| u.trim().trim_start_matches("redis://")).collect();
-                let rl = lockcore_redis::connect(&format!("redlock://{}", hosts.join(","))).await.unwrap();
+        let red = match std::env::var("LOCKTEST_REDLOCK_URL") {
+            Ok(url) => {
+                let rl = lockcore_redis::connect(&url).await.unwrap();
                 Some(workload::uncontended(&rl, &ns, 1, RUN).await.unwrap())
             }
             Err(_) => None,

@@ -19,13 +19,23 @@
 use std::fmt;
 use std::time::Duration;
 
-use lockcore::address::{redact, ServerUrl};
+use lockcore::address::{redact, HostPort, Secret, ServerUrl};
 use lockcore::{Error, Result};
 
-pub(crate) const NAME: &str = "redis";
+/// The backend's short name in errors and logs.
+pub const NAME: &str = "redis";
+
+/// The URL schemes this backend takes.
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redlock",
+];
 
 /// One server's address and credentials. `Debug` hides the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
     /// Host name or address.
     pub host: String,
@@ -34,44 +44,36 @@ pub struct Node {
     /// ACL user name.
     pub user: Option<String>,
     /// Password.
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Database number (one instance only).
     pub db: i64,
 }
 
-impl fmt::Debug for Node {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)?;
-        if self.user.is_some() || self.password.is_some() {
-            f.write_str(" (with credentials)")?;
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Display for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
+        self.addr().fmt(f)
     }
 }
 
 impl Node {
+    fn addr(&self) -> HostPort {
+        HostPort {
+            host: self.host.clone(),
+            port: self.port,
+        }
+    }
+
     /// The node as a `redis://` (or with TLS `rediss://`) URL for the client library.
     pub(crate) fn client_url(&self, tls: bool) -> String {
         let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let auth = match (&self.user, &self.password) {
-            (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p)),
+            (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p.expose())),
             (Some(u), None) => format!("{}@", enc(u)),
-            (None, Some(p)) => format!(":{}@", enc(p)),
+            (None, Some(p)) => format!(":{}@", enc(p.expose())),
             (None, None) => String::new(),
         };
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
         let scheme = if tls { "rediss" } else { "redis" };
-        format!("{scheme}://{auth}{host}:{}/{}", self.port, self.db)
+        format!("{scheme}://{auth}{}/{}", self.addr(), self.db)
     }
 }
 
@@ -133,6 +135,11 @@ impl RedisConfig {
     /// Parses a URL (see the module docs). Errors are
     /// [`InvalidConfig`](lockcore::ErrorKind::InvalidConfig) and name the part
     /// that is wrong.
+    ///
+    /// # Errors
+    ///
+    /// [`lockcore::ErrorKind::InvalidConfig`], naming the part of the URL that is
+    /// wrong.
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |what: String| {
             Error::invalid_config(NAME, format!("in Redis URL {}: {what}", redact(url)))
@@ -186,39 +193,24 @@ impl RedisConfig {
         };
         let mut cfg = RedisConfig::new(topology);
         cfg.tls = u.scheme.starts_with("rediss");
-        let mut sync_count = None;
-        let mut sync_timeout = Duration::from_millis(100);
-        for (k, v) in &u.options {
-            let ms = || -> Result<Duration> {
-                v.parse::<u64>()
-                    .map(Duration::from_millis)
-                    .map_err(|_| bad(format!("option {k}={v:?} is not a number of milliseconds")))
-            };
-            match k.as_str() {
-                "prefix" => cfg.prefix = v.clone(),
-                "ca_file" => cfg.ca_file = Some(v.clone()),
-                "tls" => {
-                    cfg.tls = match v.as_str() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        _ => return Err(bad(format!("option tls={v:?} is not true or false"))),
-                    }
-                }
-                "response_timeout_ms" => cfg.response_timeout = ms()?,
-                "connect_timeout_ms" => cfg.connect_timeout = ms()?,
-                "sync_timeout_ms" => sync_timeout = ms()?,
-                "sync_replicas" => {
-                    sync_count =
-                        Some(v.parse::<u32>().map_err(|_| {
-                            bad(format!("option sync_replicas={v:?} is not a count"))
-                        })?)
-                }
-                other => return Err(bad(format!("unknown option {other:?}"))),
-            }
+        let mut o = u.options();
+        if let Some(p) = o.string("prefix") {
+            cfg.prefix = p;
         }
-        if cfg.response_timeout.is_zero() || cfg.connect_timeout.is_zero() {
-            return Err(bad("timeouts must be above zero".into()));
+        cfg.ca_file = o.string("ca_file");
+        cfg.tls = o.boolean("tls").map_err(&bad)?.unwrap_or(cfg.tls);
+        if let Some(t) = o.millis("response_timeout_ms").map_err(&bad)? {
+            cfg.response_timeout = t;
         }
+        if let Some(t) = o.millis("connect_timeout_ms").map_err(&bad)? {
+            cfg.connect_timeout = t;
+        }
+        let sync_timeout = o
+            .millis("sync_timeout_ms")
+            .map_err(&bad)?
+            .unwrap_or(Duration::from_millis(100));
+        let sync_count = o.number::<u32>("sync_replicas").map_err(&bad)?;
+        o.finish().map_err(&bad)?;
         if let Some(count) = sync_count {
             if !matches!(cfg.topology, Topology::Single(_)) {
                 return Err(bad(
@@ -248,7 +240,7 @@ mod tests {
             panic!()
         };
         assert_eq!((n.host.as_str(), n.port, n.db), ("127.0.0.1", 7000, 2));
-        assert_eq!(n.password.as_deref(), Some("p@ss"));
+        assert_eq!(n.password.as_ref().map(Secret::expose), Some("p@ss"));
         assert_eq!(c.prefix, "x:");
         assert_eq!(c.response_timeout, Duration::from_millis(200));
         assert!(!format!("{c:?}").contains("p@ss"));

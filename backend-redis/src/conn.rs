@@ -1,102 +1,18 @@
-//! Connections (one instance through the connection manager, or a cluster),
-//! the Lua scripts, key names, and error mapping.
+//! Connections: one instance through the connection manager (replaced when
+//! it stops answering), or a cluster.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockcore::sync::lock;
-use lockcore::{Error, ErrorKind, Result};
+use lockcore::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisError, RedisResult, Script};
 
 use crate::config::{Node, RedisConfig, NAME};
-
-/// `SET lock token NX PX ttl`, and on success `INCR` of the fencing counter
-/// in the same slot. Returns `{1, fence}` or `{0, pttl of the holder}`.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
-end
-return {0, redis.call('PTTL', KEYS[1])}",
-    )
-});
-
-/// `SET lock token NX PX ttl` alone (RedLock: no counter). `{1, 0}` or `{0, pttl}`.
-pub(crate) static ACQUIRE_PLAIN: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, 0}
-end
-return {0, redis.call('PTTL', KEYS[1])}",
-    )
-});
-
-/// `PEXPIRE` only if the key still holds this owner's token. 1 or 0.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0",
-    )
-});
-
-/// Compare-and-delete, then a wake-up on the release channel. 1 or 0.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '1')
-  return 1
-end
-return 0",
-    )
-});
-
-/// Holder token, its pttl, and the last fencing token issued.
-pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}",
-    )
-});
-
-/// The Redis keys of one lock name.
-///
-/// A name maps to `<prefix>{<name>}` (the lock key, holding the owner token
-/// as a plain string with a PX expiry), `<prefix>{<name>}:fence` (the fencing
-/// counter) and the pub/sub channel `<prefix>{<name>}:released`. The braces
-/// are a hash tag: both keys live in one cluster slot whatever the name.
-///
-/// A name that starts with `}` would give an empty hash tag (`{}`), which
-/// Redis Cluster ignores, hashing each whole key to its own slot; such names
-/// map to `<prefix>#{<name in hex>}` instead (and its `:fence`,
-/// `:released`). No other name maps there: every other key has `{` right
-/// after the prefix.
-#[derive(Debug, Clone)]
-pub(crate) struct Keys {
-    pub(crate) lock: String,
-    pub(crate) fence: String,
-    pub(crate) channel: String,
-}
-
-impl Keys {
-    pub(crate) fn new(prefix: &str, name: &str) -> Self {
-        let lock = if name.starts_with('}') {
-            let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
-            format!("{prefix}#{{{hex}}}")
-        } else {
-            format!("{prefix}{{{name}}}")
-        };
-        Keys {
-            fence: format!("{lock}:fence"),
-            channel: format!("{lock}:released"),
-            lock,
-        }
-    }
-}
+use crate::error::map_err;
 
 /// Whether `e` says the connection it came from may be dead (a timeout, an
 /// I/O error, a dropped connection), so that it should be replaced.
@@ -407,26 +323,4 @@ pub(crate) async fn connect_cluster(
             format!("connect to cluster {shown}: no answer"),
         )),
     }
-}
-
-/// Maps a client error. `mutating`: the request may have changed server
-/// state, so a cut-off request is `Indeterminate` rather than `Unavailable`.
-pub(crate) fn map_err(e: RedisError, what: &str, server: &str, mutating: bool) -> Error {
-    let kind = if e.is_connection_refusal() {
-        ErrorKind::Unavailable
-    } else if e.is_timeout() || e.is_connection_dropped() || e.is_io_error() {
-        if mutating {
-            ErrorKind::Indeterminate
-        } else {
-            ErrorKind::Unavailable
-        }
-    } else {
-        ErrorKind::Backend
-    };
-    Error::new(kind, NAME, format!("{what} on {server}: {e}")).with_source(e)
-}
-
-/// ttl in whole milliseconds, as a string argument.
-pub(crate) fn ttl_ms(ttl: Duration) -> String {
-    ttl.as_millis().to_string()
 }

@@ -30,20 +30,29 @@
 //! # Ok(()) }
 //! ```
 
+mod backend;
 pub mod config;
 mod conn;
+mod error;
+mod lease;
 mod redlock;
-mod single;
+mod scripts;
 mod wake;
 
-pub use config::{Node, RedisConfig, SyncReplicas, Topology};
+pub use backend::RedisBackend;
+pub use config::{Node, RedisConfig, SyncReplicas, Topology, NAME, SCHEMES};
 pub use redlock::RedLockBackend;
-pub use single::RedisBackend;
 
 use lockcore::Locker;
 
 /// Connects to the Redis topology that `url` describes (see [`config`]) and
 /// returns a [`Locker`] over it.
+///
+/// # Errors
+///
+/// [`InvalidConfig`](lockcore::ErrorKind::InvalidConfig) for a malformed
+/// URL, [`Unavailable`](lockcore::ErrorKind::Unavailable) when the server
+/// does not answer.
 ///
 /// # Cancel safety
 ///
@@ -54,6 +63,10 @@ pub async fn connect(url: &str) -> lockcore::Result<Locker> {
 }
 
 /// Like [`connect`], from parsed settings.
+///
+/// # Errors
+///
+/// As [`connect`].
 ///
 /// # Cancel safety
 ///
@@ -71,5 +84,5 @@ pub async fn connect_config(cfg: RedisConfig) -> lockcore::Result<Locker> {
 /// assert_eq!(lockcore_redis::lock_key("lock:", "jobs/nightly"), "lock:{jobs/nightly}");
 /// ```
 pub fn lock_key(prefix: &str, name: &str) -> String {
-    conn::Keys::new(prefix, name).lock
+    scripts::Keys::new(prefix, name).lock
 }

@@ -13,22 +13,17 @@
 //! [`Fencing::None`] and guards carry no token. Where fencing matters, use one
 //! instance or a cluster (fencing while data is kept), ZooKeeper or etcd.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use futures_util::future::join_all;
-use lockcore::backend::validity_deadline;
-use lockcore::cleanup::CleanupOnDrop;
+use lockcore::backend::prelude::*;
 use lockcore::retry::jitter_between;
-use lockcore::{
-    AcquireRequest, Backend, BackendLease, Capabilities, Error, ErrorKind, Fencing, Grant,
-    LeaseKind, Released, Renewal, Result,
-};
-use std::sync::Arc;
 
+use crate::backend::wait_turn;
 use crate::config::{RedisConfig, Topology, NAME};
-use crate::conn::{ttl_ms, Conn, Keys, Managed, ACQUIRE_PLAIN, RELEASE, RENEW};
-use crate::single::wait_turn;
+use crate::conn::{Conn, Managed};
+use crate::scripts::{ttl_ms, Keys, ACQUIRE_PLAIN, RELEASE, RENEW};
 use crate::wake::{Subscription, Wakeups};
 
 /// One master: its connection (made in the background, replaced when it
@@ -50,6 +45,11 @@ impl RedLockBackend {
     /// Sets up the instances of a `redlock://` configuration and connects to
     /// them in parallel, waiting up to the connect timeout; an instance that
     /// is down now keeps being connected in the background and joins later.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidConfig`] for a topology that is not RedLock, or TLS
+    /// without the `tls` feature. Instances that are down are no error here.
     ///
     /// # Cancel safety
     ///
@@ -212,8 +212,7 @@ impl Backend for RedLockBackend {
                         self.instances.len(),
                         self.quorum()
                     ),
-                )
-                .with_name(req.name));
+                ));
             }
             if req.deadline.passed(Instant::now()) {
                 return Ok(None);

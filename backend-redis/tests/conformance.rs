@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lockcore::{Error, Locker};
-use lockcore_conformance::{run, Harness, Proxies, Target};
+use lockcore_conformance::{run, Harness, Proxies, Target, COMPOSE_HINT};
 
 /// A Redis topology under test: `url` for the backend, `raw` for the
 /// harness's own admin connections (one per instance).
@@ -90,71 +90,51 @@ impl Harness for Redis {
     }
 }
 
-/// `redis://a:1,redis://b:2` → (`a:1,b:2`, [`redis://a:1`, `redis://b:2`]).
-fn hosts(list: &str) -> (String, Vec<String>) {
-    let urls: Vec<String> = list.split(',').map(|s| s.trim().to_owned()).collect();
-    let hosts = urls
-        .iter()
+/// The admin URL of each server a lock URL names: `redlock://a:1,b:2` →
+/// [`redis://a:1`, `redis://b:2`] (`rediss://` for TLS).
+fn servers(url: &str) -> Vec<String> {
+    lockcore::address::ServerUrl::parse(url, 6379)
         .map(|u| {
-            u.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
+            let scheme = if u.scheme.starts_with("rediss") {
+                "rediss"
+            } else {
+                "redis"
+            };
+            u.hosts.iter().map(|h| format!("{scheme}://{h}")).collect()
         })
-        .collect::<Vec<_>>()
-        .join(",");
-    (hosts, urls)
+        .unwrap_or_default()
 }
 
 fn main() -> std::process::ExitCode {
+    let target = |name: &str, cluster: bool, unreachable: &'static str| {
+        Target::new(
+            name,
+            Some(&format!(
+                "LOCKTEST_{}_URL",
+                name.to_uppercase().replace('-', "_")
+            )),
+            move |url| async move {
+                Ok(Arc::new(Redis {
+                    raw: servers(&url),
+                    url,
+                    cluster,
+                    unreachable,
+                }) as Arc<dyn Harness>)
+            },
+        )
+        .hint(COMPOSE_HINT)
+    };
     #[allow(unused_mut)]
     let mut targets = vec![
-        Target::new("redis", Some("LOCKTEST_REDIS_URL"), |url| async move {
-            Ok(Arc::new(Redis {
-                raw: vec![url.clone()],
-                url,
-                cluster: false,
-                unreachable: "redis://127.0.0.1:1",
-            }) as Arc<dyn Harness>)
-        }),
-        Target::new(
-            "redis-cluster",
-            Some("LOCKTEST_REDIS_CLUSTER_URLS"),
-            |list| async move {
-                let (hosts, raw) = hosts(&list);
-                Ok(Arc::new(Redis {
-                    url: format!("redis+cluster://{hosts}"),
-                    raw,
-                    cluster: true,
-                    unreachable: "redis+cluster://127.0.0.1:1",
-                }) as Arc<dyn Harness>)
-            },
-        ),
-        Target::new(
+        target("redis", false, "redis://127.0.0.1:1"),
+        target("redis-cluster", true, "redis+cluster://127.0.0.1:1"),
+        target(
             "redlock",
-            Some("LOCKTEST_REDLOCK_URLS"),
-            |list| async move {
-                let (hosts, raw) = hosts(&list);
-                Ok(Arc::new(Redis {
-                    url: format!("redlock://{hosts}"),
-                    raw,
-                    cluster: false,
-                    unreachable: "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
-                }) as Arc<dyn Harness>)
-            },
+            false,
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
         ),
     ];
     #[cfg(feature = "tls")]
-    targets.push(Target::new(
-        "redis-tls",
-        Some("LOCKTEST_REDIS_TLS_URL"),
-        |url| async move {
-            Ok(Arc::new(Redis {
-                raw: vec![url.clone()],
-                url,
-                cluster: false,
-                unreachable: "rediss://127.0.0.1:1",
-            }) as Arc<dyn Harness>)
-        },
-    ));
+    targets.push(target("redis-tls", false, "rediss://127.0.0.1:1"));
     run(targets)
 }

@@ -11,19 +11,15 @@ use std::time::{Duration, Instant};
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
     compose, run_serial, ConnectFuture, Ctx, Dir, Proxies, Target, UndoOnDrop, UrlHarness,
+    COMPOSE_HINT,
 };
 
+/// `host:port` of each RedLock master.
 fn redlock_hosts() -> Vec<String> {
-    std::env::var("LOCKTEST_REDLOCK_URLS")
+    let url = std::env::var("LOCKTEST_REDLOCK_URL").unwrap_or_default();
+    lockcore::address::ServerUrl::parse(&url, 6379)
+        .map(|u| u.hosts.iter().map(ToString::to_string).collect())
         .unwrap_or_default()
-        .split(',')
-        .map(|u| {
-            u.trim()
-                .trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect()
 }
 
 async fn raw_get(host: &str, key: &str) -> Option<String> {
@@ -325,18 +321,10 @@ fn main() -> std::process::ExitCode {
     run_serial(vec![
         Target::new(
             "redlock-faults",
-            Some("LOCKTEST_REDLOCK_URLS"),
-            |list| async move {
-                let hosts: Vec<&str> = list
-                    .split(',')
-                    .map(|u| u.trim().trim_start_matches("redis://"))
-                    .collect();
-                Ok(UrlHarness::shared(
-                    format!("redlock://{}", hosts.join(",")),
-                    connect,
-                ))
-            },
+            Some("LOCKTEST_REDLOCK_URL"),
+            |url| async move { Ok(UrlHarness::shared(url, connect)) },
         )
+        .hint(COMPOSE_HINT)
         .only_own_cases()
         .case("redlock_majority_rules", |ctx| {
             Box::pin(redlock_majority_rules(ctx))
@@ -361,6 +349,7 @@ fn main() -> std::process::ExitCode {
             Some("LOCKTEST_REDIS_REPLICATED_URL"),
             |url| async move { Ok(UrlHarness::shared(url, connect)) },
         )
+        .hint(COMPOSE_HINT)
         .only_own_cases()
         .case("replica_sync_guard", |ctx| {
             Box::pin(replica_sync_guard(ctx))

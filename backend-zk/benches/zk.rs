@@ -1,6 +1,6 @@
 //! ZooKeeper backend figures, each beside the server's own floor for the
 //! same round trips with the raw client, in one run on one server
-//! (`LOCKTEST_ZK`, default 127.0.0.1:12181):
+//! (`LOCKTEST_ZK_URL`, default zk://127.0.0.1:12181):
 //!
 //! 1. acquire+release pairs/s for one task, vs raw create + getChildren +
 //!    delete sequences/s;
@@ -15,8 +15,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockcore::bench as workload;
 use lockcore::Locker;
-use lockcore_conformance::workload;
 use lockcore_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
 
@@ -68,7 +68,8 @@ async fn raw_handoffs(hosts: &str, parent: &str, secs: Duration) -> Vec<Duration
 }
 
 fn main() {
-    let hosts = std::env::var("LOCKTEST_ZK").unwrap_or_else(|_| "127.0.0.1:12181".into());
+    let url = std::env::var("LOCKTEST_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:12181".into());
+    let hosts = url.trim_start_matches("zk://").to_owned();
     let secs = Duration::from_secs(
         std::env::var("BENCH_SECS")
             .ok()

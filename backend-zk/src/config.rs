@@ -24,13 +24,16 @@
 //! The session timeout is not an option: it comes from each lock's ttl (see
 //! the crate docs).
 
-use std::fmt;
 use std::time::Duration;
 
-use lockcore::address::{redact, ServerUrl};
+use lockcore::address::{redact, Secret, ServerUrl};
 use lockcore::{Error, Result};
 
-pub(crate) const NAME: &str = "zookeeper";
+/// The backend's short name in errors and logs.
+pub const NAME: &str = "zookeeper";
+
+/// The URL schemes this backend takes.
+pub const SCHEMES: &[&str] = &["zk", "zookeeper"];
 
 /// The ACL of lock nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +49,7 @@ pub enum AclMode {
 }
 
 /// Settings of a ZooKeeper backend. `Debug` hides the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ZkConfig {
     /// `host:port` of each server.
@@ -56,7 +59,7 @@ pub struct ZkConfig {
     /// The path under the chroot whose children are the lock parents.
     pub prefix: String,
     /// Digest credentials (`user`, `password`).
-    pub digest: Option<(String, String)>,
+    pub digest: Option<(String, Secret)>,
     /// ACL of lock nodes.
     pub acl: AclMode,
     /// How long to wait for a session to be established.
@@ -65,24 +68,6 @@ pub struct ZkConfig {
     pub connection_timeout: Duration,
     /// How long one request may take, retries across a reconnect included.
     pub request_timeout: Duration,
-}
-
-impl fmt::Debug for ZkConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkConfig")
-            .field("hosts", &self.hosts)
-            .field("chroot", &self.chroot)
-            .field("prefix", &self.prefix)
-            .field(
-                "digest",
-                &self.digest.as_ref().map(|(u, _)| format!("{u}:***")),
-            )
-            .field("acl", &self.acl)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("connection_timeout", &self.connection_timeout)
-            .field("request_timeout", &self.request_timeout)
-            .finish()
-    }
 }
 
 impl ZkConfig {
@@ -114,6 +99,11 @@ impl ZkConfig {
     /// Parses a URL (see the module docs). Errors are
     /// [`InvalidConfig`](lockcore::ErrorKind::InvalidConfig) and name the part
     /// that is wrong.
+    ///
+    /// # Errors
+    ///
+    /// [`lockcore::ErrorKind::InvalidConfig`], naming the part of the URL that is
+    /// wrong.
     pub fn parse(url: &str) -> Result<Self> {
         let bad = |what: String| {
             Error::invalid_config(NAME, format!("in ZooKeeper URL {}: {what}", redact(url)))
@@ -144,44 +134,36 @@ impl ZkConfig {
             format!("/{}", u.path)
         };
         cfg.chroot = normalize_path(&chroot).map_err(|e| bad(format!("chroot: {e}")))?;
-        for (k, v) in &u.options {
-            let ms = || -> Result<Duration> {
-                v.parse::<u64>()
-                    .map(Duration::from_millis)
-                    .map_err(|_| bad(format!("option {k}={v:?} is not a number of milliseconds")))
-            };
-            match k.as_str() {
-                "prefix" => {
-                    let p = normalize_path(v).map_err(|e| bad(format!("prefix: {e}")))?;
-                    if p.is_empty() {
-                        return Err(bad("prefix must not be the root".into()));
-                    }
-                    cfg.prefix = p;
+        let mut o = u.options();
+        if let Some(v) = o.string("prefix") {
+            let p = normalize_path(&v).map_err(|e| bad(format!("prefix: {e}")))?;
+            if p.is_empty() {
+                return Err(bad("prefix must not be the root".into()));
+            }
+            cfg.prefix = p;
+        }
+        if let Some(v) = o.string("acl") {
+            cfg.acl = match v.as_str() {
+                "open" => AclMode::Open,
+                "creator" => AclMode::Creator,
+                "creator-read" => AclMode::CreatorRead,
+                other => {
+                    return Err(bad(format!(
+                        "acl={other:?} is unknown (expected open, creator or creator-read)"
+                    )))
                 }
-                "acl" => {
-                    cfg.acl = match v.as_str() {
-                        "open" => AclMode::Open,
-                        "creator" => AclMode::Creator,
-                        "creator-read" => AclMode::CreatorRead,
-                        other => {
-                            return Err(bad(format!(
-                                "acl={other:?} is unknown (expected open, creator or creator-read)"
-                            )))
-                        }
-                    }
-                }
-                "connect_timeout_ms" => cfg.connect_timeout = ms()?,
-                "connection_timeout_ms" => cfg.connection_timeout = ms()?,
-                "request_timeout_ms" => cfg.request_timeout = ms()?,
-                other => return Err(bad(format!("unknown option {other:?}"))),
             }
         }
-        if cfg.connect_timeout.is_zero()
-            || cfg.connection_timeout.is_zero()
-            || cfg.request_timeout.is_zero()
-        {
-            return Err(bad("timeouts must be above zero".into()));
+        for (key, field) in [
+            ("connect_timeout_ms", &mut cfg.connect_timeout),
+            ("connection_timeout_ms", &mut cfg.connection_timeout),
+            ("request_timeout_ms", &mut cfg.request_timeout),
+        ] {
+            if let Some(t) = o.millis(key).map_err(&bad)? {
+                *field = t;
+            }
         }
+        o.finish().map_err(&bad)?;
         if cfg.acl != AclMode::Open && cfg.digest.is_none() {
             return Err(bad(
                 "acl=creator and acl=creator-read need digest credentials (zk://user:password@host/...)"
@@ -231,7 +213,7 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_millis(200));
         let c = ZkConfig::parse("zookeeper://u:p%40ss@h:2181/?acl=creator").unwrap();
         assert_eq!(c.chroot, "");
-        assert_eq!(c.digest, Some(("u".into(), "p@ss".into())));
+        assert_eq!(c.digest, Some(("u".into(), Secret::new("p@ss"))));
         assert_eq!(c.acl, AclMode::Creator);
         assert!(!format!("{c:?}").contains("p@ss"));
         let c = ZkConfig::parse("zk://127.0.0.1:12181").unwrap();

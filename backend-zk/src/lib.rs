@@ -57,16 +57,23 @@
 
 mod backend;
 pub mod config;
+mod error;
+mod lease;
+mod nodes;
 mod recipe;
 mod session;
 
 pub use backend::{ZkBackend, ZkCounters, ZkStats};
-pub use config::{AclMode, ZkConfig};
+pub use config::{AclMode, ZkConfig, NAME, SCHEMES};
 
 use lockcore::Locker;
 
 /// Connects to the ensemble that `url` describes (see [`config`]) and
 /// returns a [`Locker`] over it.
+///
+/// # Errors
+///
+/// As [`ZkConfig::parse`] and [`ZkBackend::connect`].
 ///
 /// # Cancel safety
 ///
@@ -84,5 +91,5 @@ pub async fn connect(url: &str) -> lockcore::Result<Locker> {
 /// assert_eq!(lockcore_zk::lock_parent(&cfg, "jobs/nightly"), "/app/lockcore/jobs%2Fnightly");
 /// ```
 pub fn lock_parent(cfg: &ZkConfig, name: &str) -> String {
-    backend::lock_parent(cfg, name)
+    nodes::lock_parent(cfg, name)
 }

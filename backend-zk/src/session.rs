@@ -12,66 +12,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use lockcore::{Error, ErrorKind, Result};
+use lockcore::{Error, Result};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use crate::config::{ZkConfig, NAME};
-
-/// Whether `e` comes from the connection rather than the server: the
-/// request may or may not have reached it. The client reports a connection
-/// that stopped answering as a custom error ("no response from connection").
-pub(crate) fn is_connection_error(e: &zk::Error) -> bool {
-    matches!(
-        e,
-        zk::Error::ConnectionLoss
-            | zk::Error::NoHosts
-            | zk::Error::Timeout
-            | zk::Error::Custom(_)
-            | zk::Error::UnexpectedError(_)
-    )
-}
-
-/// Maps a client error to the lockcore error kind; `what` says what was
-/// tried. `mutating`: the request may have created state, so a connection
-/// error or a timeout is `Indeterminate` rather than `Unavailable`.
-pub(crate) fn map_err(e: zk::Error, what: impl Into<String>, mutating: bool) -> Error {
-    let what = what.into();
-    let cut_off = if mutating {
-        ErrorKind::Indeterminate
-    } else {
-        ErrorKind::Unavailable
-    };
-    let (kind, hint) = match &e {
-        e if is_connection_error(e) => (
-            cut_off,
-            "no ZooKeeper server answered in time; check the hosts and that a quorum is up",
-        ),
-        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved => (
-            ErrorKind::Unavailable,
-            "the ZooKeeper session ended; the next attempt opens a new one",
-        ),
-        zk::Error::AuthFailed => (
-            ErrorKind::InvalidConfig,
-            "the server refused the digest credentials",
-        ),
-        zk::Error::NoAuth | zk::Error::InvalidAcl => (
-            ErrorKind::InvalidConfig,
-            "not authorized: check the credentials and the ACLs on the lock path",
-        ),
-        _ => (ErrorKind::Backend, "unexpected ZooKeeper error"),
-    };
-    Error::new(kind, NAME, format!("{what}: {e} ({hint})")).with_source(e)
-}
-
-/// Whether a client error says the session is over for good.
-pub(crate) fn is_session_end(e: &zk::Error) -> bool {
-    matches!(
-        e,
-        zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::AuthFailed
-    )
-}
+use crate::error::{is_connection_error, map_err};
 
 /// State shared with the monitor task.
 #[derive(Debug)]
@@ -126,7 +73,8 @@ impl Session {
             .with_detached()
             .with_fail_eagerly();
         if let Some((user, pass)) = &cfg.digest {
-            connector = connector.with_auth("digest", format!("{user}:{pass}").as_bytes());
+            connector =
+                connector.with_auth("digest", format!("{user}:{}", pass.expose()).as_bytes());
         }
         let hosts = cfg.connect_string();
         let client = match tokio::time::timeout(cfg.connect_timeout, connector.connect(&hosts))
@@ -299,6 +247,11 @@ impl Session {
         tokio::time::timeout(self.request_timeout, op(client))
             .await
             .unwrap_or(Err(zk::Error::Timeout))
+    }
+
+    /// How long one request may take.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
     }
 
     /// Waits until the session is connected again, within the request

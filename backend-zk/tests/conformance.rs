@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use lockcore::{Error, Locker};
-use lockcore_conformance::{run, Harness, Proxies, Target};
+use lockcore_conformance::{run, Harness, Proxies, Target, COMPOSE_HINT};
 use lockcore_zk::{ZkBackend, ZkConfig, ZkCounters};
 use zookeeper_client as zk;
 
@@ -39,6 +39,19 @@ impl Zk {
         self.counters.lock().unwrap().push(backend.counters());
         Ok(Locker::new(backend))
     }
+}
+
+/// The `host:port` list of a `zk://` URL.
+fn hosts_of(url: &str) -> String {
+    lockcore::address::ServerUrl::parse(url, 2181)
+        .map(|u| {
+            u.hosts
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default()
 }
 
 fn admin_err(e: zk::Error) -> Error {
@@ -111,13 +124,15 @@ impl Harness for Zk {
 
 fn main() -> std::process::ExitCode {
     run(vec![
-        Target::new("zk", Some("LOCKTEST_ZK"), |hosts| async move {
-            Ok(Zk::harness(hosts))
-        }),
+        Target::new("zk", Some("LOCKTEST_ZK_URL"), |url| async move {
+            Ok(Zk::harness(hosts_of(&url)))
+        })
+        .hint(COMPOSE_HINT),
         Target::new(
             "zk-ensemble",
-            Some("LOCKTEST_ZK_ENSEMBLE"),
-            |hosts| async move { Ok(Zk::harness(hosts)) },
-        ),
+            Some("LOCKTEST_ZK_ENSEMBLE_URL"),
+            |url| async move { Ok(Zk::harness(hosts_of(&url))) },
+        )
+        .hint(COMPOSE_HINT),
     ])
 }

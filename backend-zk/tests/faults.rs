@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lockcore::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker};
-use lockcore_conformance::{compose, run_serial, Ctx, Harness, Target, UndoOnDrop};
+use lockcore_conformance::{
+    compose, run_serial, Ctx, Dir, Harness, Proxies, Target, UndoOnDrop, COMPOSE_HINT,
+};
 use lockcore_zk::{ZkBackend, ZkConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client as zk;
@@ -23,18 +25,31 @@ const CHROOT: &str = "/lockcore-faults";
 
 #[derive(Debug)]
 struct Zk {
-    hosts: String,
+    url: String,
 }
 
 #[async_trait]
 impl Harness for Zk {
     async fn connect(&self) -> lockcore::Result<Locker> {
-        lockcore_zk::connect(&format!("zk://{}{CHROOT}", self.hosts)).await
+        lockcore_zk::connect(&format!("{}{CHROOT}", self.url)).await
     }
 }
 
+/// The `host:port` list of the target's `zk://` URL.
+fn hosts(ctx: &Ctx) -> String {
+    lockcore::address::ServerUrl::parse(&ctx.config, 2181)
+        .map(|u| {
+            u.hosts
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .expect("a zk:// URL")
+}
+
 fn cfg(ctx: &Ctx) -> ZkConfig {
-    ZkConfig::parse(&format!("zk://{}{CHROOT}", ctx.config)).expect("url")
+    ZkConfig::parse(&format!("zk://{}{CHROOT}", hosts(ctx))).expect("url")
 }
 
 async fn backend(ctx: &Ctx) -> Arc<ZkBackend> {
@@ -42,7 +57,7 @@ async fn backend(ctx: &Ctx) -> Arc<ZkBackend> {
 }
 
 async fn raw(ctx: &Ctx) -> zk::Client {
-    zk::Client::connect(&ctx.config).await.expect("raw client")
+    zk::Client::connect(&hosts(ctx)).await.expect("raw client")
 }
 
 /// Waits until `l` reports `n` waiters on `name`.
@@ -141,8 +156,7 @@ async fn four_letters(port: u16, cmd: &[u8]) -> Option<String> {
 
 /// The client connections the server counts (`mntr`).
 async fn alive_connections(ctx: &Ctx) -> u64 {
-    let port: u16 = ctx
-        .config
+    let port: u16 = hosts(ctx)
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
@@ -159,7 +173,7 @@ async fn alive_connections(ctx: &Ctx) -> u64 {
 /// server's own count of connections proves it.
 async fn sessions_do_not_pile_up(ctx: Ctx) {
     let before = alive_connections(&ctx).await;
-    let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", ctx.config))
+    let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
         .await
         .expect("connect");
     for secs in 1..=20u64 {
@@ -182,6 +196,79 @@ async fn sessions_do_not_pile_up(ctx: Ctx) {
         during - before
     );
     drop(l);
+}
+
+/// Tries with new ttls (each needing a session of its own) against an
+/// ensemble that stopped answering: each ends by about one connect timeout,
+/// not one per try queued ahead of it.
+async fn tries_on_a_silent_ensemble_end_together(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let routed = proxies
+        .route_url(
+            &format!("zk://{}{CHROOT}?connect_timeout_ms=3000", hosts(&ctx)),
+            2181,
+        )
+        .await
+        .expect("proxy");
+    let l = lockcore_zk::connect(&routed).await.expect("connect");
+    proxies.blackhole(Dir::Both);
+    let t = Instant::now();
+    let tries: Vec<_> = (3..9u64)
+        .map(|secs| {
+            let (l, name) = (l.clone(), ctx.name(&format!("silent/{secs}")));
+            tokio::spawn(async move {
+                let opts = LockOptions::new()
+                    .ttl(Duration::from_secs(secs))
+                    .wait(lockcore::Wait::Try);
+                l.acquire(&name, &opts).await.map(|g| g.is_some())
+            })
+        })
+        .collect();
+    for t in tries {
+        let r = t.await.expect("task");
+        let err = r.expect_err("a silent ensemble granted or refused a lock");
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "six tries on a silent ensemble took {:?}: they waited for each other's connects",
+        t.elapsed()
+    );
+}
+
+/// A second node of ours (a creation that was cut off, then applied late)
+/// appears in the queue after the grant: the release deletes it too, so it
+/// does not block the name.
+async fn release_deletes_a_late_twin(ctx: Ctx) {
+    let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
+        .await
+        .expect("connect");
+    let name = ctx.name("twin");
+    let g = l.try_lock(&name).await.expect("try").expect("free");
+    let holder = l
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .and_then(|i| i.holder)
+        .and_then(|h| h.owner)
+        .expect("the holder's node");
+    // `_c_<uuid>-lock-<10 digits>`: the prefix is all but the sequence.
+    let prefix = &holder[..holder.len() - 10];
+    let parent = lockcore_zk::lock_parent(&cfg(&ctx), &name);
+    let raw = raw(&ctx).await;
+    let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    raw.create(&format!("{parent}/{prefix}"), b"late", &opts)
+        .await
+        .expect("a late twin");
+    g.release().await.expect("release");
+    let other = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
+        .await
+        .expect("connect");
+    let next = other
+        .lock_timeout(&name, Duration::from_secs(3))
+        .await
+        .expect("a late twin of the released lease blocked the name");
+    next.release().await.expect("release");
 }
 
 async fn zk_mode(port: u16) -> Option<String> {
@@ -452,9 +539,10 @@ async fn ttl_outside_server_bounds(ctx: Ctx) {
 
 fn main() -> std::process::ExitCode {
     run_serial(vec![
-        Target::new("zk", Some("LOCKTEST_ZK"), |hosts| async move {
-            Ok(Arc::new(Zk { hosts }) as Arc<dyn Harness>)
+        Target::new("zk", Some("LOCKTEST_ZK_URL"), |url| async move {
+            Ok(Arc::new(Zk { url }) as Arc<dyn Harness>)
         })
+        .hint(COMPOSE_HINT)
         .only_own_cases()
         .case("fifty_waiters_one_wakeup_per_release", |ctx| {
             Box::pin(fifty_waiters_one_wakeup_per_release(ctx))
@@ -465,6 +553,12 @@ fn main() -> std::process::ExitCode {
         .case("sessions_do_not_pile_up", |ctx| {
             Box::pin(sessions_do_not_pile_up(ctx))
         })
+        .case("tries_on_a_silent_ensemble_end_together", |ctx| {
+            Box::pin(tries_on_a_silent_ensemble_end_together(ctx))
+        })
+        .case("release_deletes_a_late_twin", |ctx| {
+            Box::pin(release_deletes_a_late_twin(ctx))
+        })
         .case("curator_and_kazoo_nodes_are_contenders", |ctx| {
             Box::pin(curator_and_kazoo_nodes_are_contenders(ctx))
         })
@@ -474,9 +568,10 @@ fn main() -> std::process::ExitCode {
         ),
         Target::new(
             "zk-ensemble",
-            Some("LOCKTEST_ZK_ENSEMBLE"),
-            |hosts| async move { Ok(Arc::new(Zk { hosts }) as Arc<dyn Harness>) },
+            Some("LOCKTEST_ZK_ENSEMBLE_URL"),
+            |url| async move { Ok(Arc::new(Zk { url }) as Arc<dyn Harness>) },
         )
+        .hint(COMPOSE_HINT)
         .only_own_cases()
         .case("leader_killed_while_held", |ctx| {
             Box::pin(leader_killed_while_held(ctx))

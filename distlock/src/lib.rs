@@ -25,26 +25,69 @@
 
 pub use lockcore::*;
 
+use std::future::Future;
+use std::pin::Pin;
+
 use url::Url;
 
 const FACADE: &str = "connect";
 
-/// Schemes whose backends exist but were not compiled in, with their feature.
-const OPTIONAL: &[(&[&str], &str)] = &[
-    (
-        &[
+/// The future of a backend's `connect`.
+type Connecting<'a> = Pin<Box<dyn Future<Output = Result<Locker>> + Send + 'a>>;
+
+/// One backend: its cargo feature, the URL schemes it takes (from the
+/// backend crate when compiled in), and how to connect.
+struct Entry {
+    feature: &'static str,
+    schemes: &'static [&'static str],
+    /// The schemes as listed in [`backends`], for when the crate is absent.
+    #[cfg_attr(not(test), allow(dead_code))]
+    listed: &'static [&'static str],
+    connect: Option<for<'a> fn(&'a str) -> Connecting<'a>>,
+}
+
+/// An entry for a backend crate: its `SCHEMES` and `connect` when its
+/// feature is on; the schemes as listed here otherwise (a test checks that
+/// the two lists agree).
+macro_rules! entry {
+    ($feature:literal, $krate:ident, [$($scheme:literal),+ $(,)?]) => {{
+        #[cfg(feature = $feature)]
+        let e = Entry {
+            feature: $feature,
+            schemes: $krate::SCHEMES,
+            listed: &[$($scheme),+],
+            connect: Some(|url| Box::pin($krate::connect(url))),
+        };
+        #[cfg(not(feature = $feature))]
+        let e = Entry {
+            feature: $feature,
+            schemes: &[$($scheme),+],
+            listed: &[$($scheme),+],
+            connect: None,
+        };
+        e
+    }};
+}
+
+/// Every backend but the in-memory one, in one table.
+fn backends() -> [Entry; 4] {
+    [
+        entry!(
             "redis",
-            "rediss",
-            "redis+cluster",
-            "rediss+cluster",
-            "redlock",
-        ],
-        "redis",
-    ),
-    (&["zk", "zookeeper"], "zk"),
-    (&["mysql", "mariadb"], "mysql"),
-    (&["etcd", "etcds"], "etcd"),
-];
+            lockcore_redis,
+            [
+                "redis",
+                "rediss",
+                "redis+cluster",
+                "rediss+cluster",
+                "redlock"
+            ]
+        ),
+        entry!("zk", lockcore_zk, ["zk", "zookeeper"]),
+        entry!("etcd", lockcore_etcd, ["etcd", "etcds"]),
+        entry!("mysql", lockcore_mysql, ["mysql", "mariadb"]),
+    ]
+}
 
 /// Connects to the backend that `url`'s scheme names.
 ///
@@ -52,8 +95,12 @@ const OPTIONAL: &[(&[&str], &str)] = &[
 ///   named one: separate `connect` calls with one URL lock against each
 ///   other, as separate connections to one server would.
 ///
-/// A scheme whose backend is not compiled in fails with
-/// [`ErrorKind::InvalidConfig`] naming the cargo feature to enable.
+/// # Errors
+///
+/// [`ErrorKind::InvalidConfig`] for a malformed URL, or a scheme whose
+/// backend is not compiled in (naming the cargo feature to enable);
+/// whatever the backend's `connect` returns otherwise (for example
+/// [`ErrorKind::Unavailable`]).
 ///
 /// # Cancel safety
 ///
@@ -61,26 +108,20 @@ const OPTIONAL: &[(&[&str], &str)] = &[
 /// connection that is closed when dropped).
 pub async fn connect(url: &str) -> Result<Locker> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-    #[cfg(feature = "redis")]
-    if matches!(
-        scheme,
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redlock"
-    ) {
-        return lockcore_redis::connect(url).await;
+    for b in backends() {
+        if b.schemes.contains(&scheme) {
+            return match b.connect {
+                Some(connect) => connect(url).await,
+                None => Err(Error::invalid_config(
+                    FACADE,
+                    format!(
+                        "the {scheme}:// backend is not compiled in: enable the cargo feature `{}` of distlock",
+                        b.feature
+                    ),
+                )),
+            };
+        }
     }
-    #[cfg(feature = "zk")]
-    if matches!(scheme, "zk" | "zookeeper") {
-        return lockcore_zk::connect(url).await;
-    }
-    #[cfg(feature = "etcd")]
-    if matches!(scheme, "etcd" | "etcds") {
-        return lockcore_etcd::connect(url).await;
-    }
-    #[cfg(feature = "mysql")]
-    if matches!(scheme, "mysql" | "mariadb") {
-        return lockcore_mysql::connect(url).await;
-    }
-    let _ = scheme;
     let parsed = Url::parse(url).map_err(|e| {
         Error::invalid_config(
             FACADE,
@@ -93,30 +134,17 @@ pub async fn connect(url: &str) -> Result<Locker> {
             let name = parsed.host_str().unwrap_or("");
             Ok(Locker::new(memory::MemoryBackend::shared(name)))
         }
-        other => Err(unknown_scheme(other)),
-    }
-}
-
-fn unknown_scheme(scheme: &str) -> Error {
-    match OPTIONAL.iter().find(|(schemes, _)| schemes.contains(&scheme)) {
-        Some((_, feature)) => Error::invalid_config(
+        other => Err(Error::invalid_config(
             FACADE,
             format!(
-                "the {scheme}:// backend is not compiled in: enable the cargo feature `{feature}` of distlock"
+                "unknown lock URL scheme {other:?}: use memory://{}",
+                backends()
+                    .iter()
+                    .map(|b| format!(", {}:// (feature `{}`)", b.schemes[0], b.feature))
+                    .collect::<String>()
             ),
-        ),
-        None => Error::invalid_config(
-            FACADE,
-            format!("unknown lock URL scheme {scheme:?}: use memory://{}", known_list()),
-        ),
+        )),
     }
-}
-
-fn known_list() -> String {
-    OPTIONAL
-        .iter()
-        .map(|(s, f)| format!(", {}:// (feature `{f}`)", s[0]))
-        .collect()
 }
 
 #[cfg(test)]
@@ -132,6 +160,15 @@ mod tests {
         assert!(b.try_lock("x").await.unwrap().is_none());
         assert!(c.try_lock("x").await.unwrap().is_some());
         g.release().await.unwrap();
+    }
+
+    /// The schemes listed for a backend that is not compiled in are the
+    /// backend crate's own.
+    #[test]
+    fn the_table_lists_the_backends_schemes() {
+        for b in backends() {
+            assert_eq!(b.schemes, b.listed, "{}", b.feature);
+        }
     }
 
     #[tokio::test]

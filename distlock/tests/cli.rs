@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use lockcore_conformance::{compose, run_serial, Ctx, Target, UndoOnDrop, UrlHarness};
+use lockcore_conformance::{
+    compose, run_serial, Ctx, Target, UndoOnDrop, UrlHarness, COMPOSE_HINT,
+};
 use tokio::process::Command;
 
 /// The binary under test: the one cargo builds, or `LOCKTEST_DISTLOCK_BIN`
@@ -42,16 +44,16 @@ const SPECS: &[Spec] = &[
     #[cfg(feature = "zk")]
     Spec {
         target: "cli-zk",
-        env: "LOCKTEST_ZK",
+        env: "LOCKTEST_ZK_URL",
         server: "zk",
-        url: |v| format!("zk://{v}"),
+        url: |v| v.to_owned(),
     },
     #[cfg(feature = "etcd")]
     Spec {
         target: "cli-etcd",
-        env: "LOCKTEST_ETCD",
+        env: "LOCKTEST_ETCD_URL",
         server: "etcd",
-        url: |v| v.replace("http://", "etcd://"),
+        url: |v| v.to_owned(),
     },
     #[cfg(feature = "mysql")]
     Spec {
@@ -121,6 +123,25 @@ async fn until_dead(pid: i32, within: Duration, what: &str) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The process group of `pid`.
+fn group_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(')').unwrap().1;
+    rest.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+fn signal_group(group: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(group), sig).unwrap();
+}
+
+/// Nanoseconds since the epoch, as `date +%s%N` writes them.
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {
@@ -366,6 +387,82 @@ async fn exit_and_loss_together_report_lost(ctx: Ctx) {
     assert_eq!(st.code(), Some(76), "{st}");
 }
 
+/// The command's group (its supervisor too) is stopped while `distlock`
+/// goes on renewing, so that heartbeats pile up unread; then `distlock` is
+/// stopped past the lease's validity, and the group resumes first: the
+/// heartbeats it reads late must not let the command run on.
+async fn stale_heartbeats_never_outrun_the_deadline(ctx: Ctx) {
+    stale_heartbeats_round(&ctx, 0).await;
+}
+
+async fn stale_heartbeats_round(ctx: &Ctx, round: u32) {
+    use nix::sys::signal::Signal;
+    let name = ctx.name(&format!("stale/{round}"));
+    let marks = scratch(ctx, &format!("marks-{round}"));
+    let pidfile = scratch(ctx, &format!("pid-{round}"));
+    let script = format!(
+        "echo $$ > {p}; while true; do date +%s%N >> {m}; sleep 0.01; done",
+        p = pidfile.display(),
+        m = marks.display()
+    );
+    let mut child = distlock(ctx)
+        .args(["run", "--ttl", "2s", &name, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let group = group_of(pid_in(&pidfile).await);
+    signal_group(group, Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let id = child.id().unwrap();
+    signal(id, Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let resumed = now_ns();
+    signal_group(group, Signal::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let text = std::fs::read_to_string(&marks).unwrap_or_default();
+    let last: u128 = text
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    signal(id, Signal::SIGCONT);
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(group), Signal::SIGKILL);
+    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("distlock went on")
+        .unwrap();
+    assert!(
+        last <= resumed + 200_000_000,
+        "the command ran on {} ms after resuming, with the lease gone",
+        last.saturating_sub(resumed) / 1_000_000
+    );
+    assert_eq!(st.code(), Some(76), "{st}");
+}
+
+/// What the command started in the background, in its process group or in
+/// a session of its own, does not outlive it: the lock is released only
+/// once nothing of the command runs.
+async fn nothing_the_command_started_outlives_it(ctx: Ctx) {
+    let name = ctx.name("children");
+    let (a, b) = (scratch(&ctx, "late-a"), scratch(&ctx, "late-b"));
+    let script = format!(
+        "(sleep 1; touch {a}) & setsid sh -c 'sleep 1; touch {b}' & exit 0",
+        a = a.display(),
+        b = b.display()
+    );
+    let st = distlock(&ctx)
+        .args(["run", &name, "--", "sh", "-c", &script])
+        .status()
+        .await
+        .unwrap();
+    assert!(st.success(), "{st}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!a.exists(), "a background child of the command outlived it");
+    assert!(
+        !b.exists(),
+        "a child in a session of its own outlived the command"
+    );
+}
+
 /// SIGTERM while `distlock run` waits for a held lock: it exits 143 without
 /// running the command and leaves nothing queued on the server (the next
 /// holder gets the name right after the release).
@@ -470,6 +567,7 @@ fn main() -> std::process::ExitCode {
                     Box::pin(async move { distlock::connect(&u).await })
                 }))
             })
+            .hint(COMPOSE_HINT)
             .only_own_cases()
             .case("run_never_overlaps", |c| Box::pin(run_never_overlaps(c)))
             .case("exit_codes_and_environment", |c| {
@@ -498,6 +596,12 @@ fn main() -> std::process::ExitCode {
             })
             .case("silent_server_is_unavailable_not_held", |c| {
                 Box::pin(silent_server_is_unavailable_not_held(c))
+            })
+            .case("stale_heartbeats_never_outrun_the_deadline", |c| {
+                Box::pin(stale_heartbeats_never_outrun_the_deadline(c))
+            })
+            .case("nothing_the_command_started_outlives_it", |c| {
+                Box::pin(nothing_the_command_started_outlives_it(c))
             })
         })
         .collect();

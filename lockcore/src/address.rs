@@ -5,10 +5,13 @@
 //! Several hosts separated by commas (a cluster's seeds, an ensemble, a
 //! RedLock set) do not fit a standard URL parser, so backends parse their
 //! URLs here and turn the parts into their own settings. User, password,
-//! path and options are percent-decoded. [`redact`] hides credentials for
-//! messages.
+//! path and options are percent-decoded; [`UrlOptions`] reads the options
+//! by type, with one wording for every backend's errors. [`redact`] hides
+//! credentials for messages, and [`Secret`] keeps a password out of `Debug`.
 
 use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
 
 /// One `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -29,6 +32,37 @@ impl fmt::Display for HostPort {
     }
 }
 
+/// A secret (a password): `Debug` shows `***`, never the value, and there
+/// is no `Display`, so that formatting it by mistake does not compile.
+///
+/// ```
+/// use lockcore::address::Secret;
+///
+/// let s = Secret::new("hunter2");
+/// assert_eq!(format!("{s:?}"), "***");
+/// assert_eq!(s.expose(), "hunter2");
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The value, for the one place that sends it to the server.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
 /// A parsed lock URL. `Debug` hides the password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ServerUrl {
@@ -37,7 +71,7 @@ pub struct ServerUrl {
     /// The user, if any.
     pub user: Option<String>,
     /// The password, if any.
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// The hosts, in order, at least one.
     pub hosts: Vec<HostPort>,
     /// The path without its leading `/` (a database, a chroot), decoded.
@@ -51,7 +85,7 @@ impl fmt::Debug for ServerUrl {
         f.debug_struct("ServerUrl")
             .field("scheme", &self.scheme)
             .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("password", &self.password)
             .field("hosts", &self.hosts)
             .field("path", &self.path)
             .field("options", &self.options)
@@ -69,11 +103,15 @@ impl ServerUrl {
     /// let u = ServerUrl::parse("zk://app:s%40cret@h1:2181,h2/locks?acl=creator", 2181).unwrap();
     /// assert_eq!(u.hosts.len(), 2);
     /// assert_eq!(u.hosts[1].port, 2181);
-    /// assert_eq!(u.password.as_deref(), Some("s@cret"));
+    /// assert_eq!(u.password.as_ref().map(|p| p.expose()), Some("s@cret"));
     /// assert_eq!(u.path, "locks");
     /// assert_eq!(u.option("acl"), Some("creator"));
     /// assert!(ServerUrl::parse("zk://h:99999", 2181).unwrap_err().contains("port \"99999\""));
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// A message naming the part of the URL that is wrong (never the password).
     pub fn parse(url: &str, default_port: u16) -> Result<Self, String> {
         let (scheme, rest) = url
             .split_once("://")
@@ -100,7 +138,8 @@ impl ServerUrl {
                 let user = (!user.is_empty())
                     .then(|| decode(user, "the user"))
                     .transpose()?;
-                (user, pass.map(|p| decode(p, "the password")).transpose()?)
+                let pass = pass.map(|p| decode(p, "the password")).transpose()?;
+                (user, pass.map(Secret))
             }
         };
         let hosts = hosts
@@ -130,6 +169,114 @@ impl ServerUrl {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The options, to read by type (see [`UrlOptions`]).
+    pub fn options(&self) -> UrlOptions<'_> {
+        UrlOptions {
+            pairs: &self.options,
+            read: vec![false; self.options.len()],
+        }
+    }
+}
+
+/// The options of a lock URL, read by name and type. Every backend reads
+/// its options this way, so their errors read alike; [`finish`] refuses the
+/// options nobody read. The last value of an option wins.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockcore::address::ServerUrl;
+///
+/// let u = ServerUrl::parse("x://h?timeout_ms=250&tls=true&n=3", 1).unwrap();
+/// let mut o = u.options();
+/// assert_eq!(o.millis("timeout_ms").unwrap(), Some(Duration::from_millis(250)));
+/// assert_eq!(o.boolean("tls").unwrap(), Some(true));
+/// assert_eq!(o.number::<u32>("n").unwrap(), Some(3));
+/// assert_eq!(o.string("prefix"), None);
+/// o.finish().unwrap();
+///
+/// let u = ServerUrl::parse("x://h?timeout_ms=soon&bogus=1", 1).unwrap();
+/// let mut o = u.options();
+/// assert!(o.millis("timeout_ms").unwrap_err().contains("milliseconds"));
+/// assert!(o.finish().unwrap_err().contains("unknown option \"bogus\""));
+/// ```
+///
+/// [`finish`]: UrlOptions::finish
+#[derive(Debug)]
+pub struct UrlOptions<'a> {
+    pairs: &'a [(String, String)],
+    read: Vec<bool>,
+}
+
+impl UrlOptions<'_> {
+    /// The value of `key`, marked read.
+    pub fn string(&mut self, key: &str) -> Option<String> {
+        let mut found = None;
+        for (i, (k, v)) in self.pairs.iter().enumerate() {
+            if k == key {
+                self.read[i] = true;
+                found = Some(v.clone());
+            }
+        }
+        found
+    }
+
+    /// `key` as a whole number of milliseconds above zero.
+    ///
+    /// # Errors
+    ///
+    /// A message when the value is not a whole number of milliseconds above zero.
+    pub fn millis(&mut self, key: &str) -> Result<Option<Duration>, String> {
+        self.string(key)
+            .map(|v| match v.parse::<u64>() {
+                Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
+                _ => Err(format!(
+                    "option {key}={v:?} is not a number of milliseconds above zero"
+                )),
+            })
+            .transpose()
+    }
+
+    /// `key` as `true`/`1` or `false`/`0`.
+    ///
+    /// # Errors
+    ///
+    /// A message when the value is not `true`, `false`, `1` or `0`.
+    pub fn boolean(&mut self, key: &str) -> Result<Option<bool>, String> {
+        self.string(key)
+            .map(|v| match v.as_str() {
+                "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(format!("option {key}={v:?} is not true or false")),
+            })
+            .transpose()
+    }
+
+    /// `key` as a whole number.
+    ///
+    /// # Errors
+    ///
+    /// A message when the value is not a whole number that fits `T`.
+    pub fn number<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, String> {
+        self.string(key)
+            .map(|v| {
+                v.parse::<T>()
+                    .map_err(|_| format!("option {key}={v:?} is not a whole number in range"))
+            })
+            .transpose()
+    }
+
+    /// Refuses the options that were not read: each is unknown.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the first option that was not read.
+    pub fn finish(self) -> Result<(), String> {
+        match self.pairs.iter().zip(&self.read).find(|(_, read)| !**read) {
+            Some(((k, _), _)) => Err(format!("unknown option {k:?}")),
+            None => Ok(()),
+        }
     }
 }
 
@@ -247,7 +394,7 @@ mod tests {
         .unwrap();
         assert_eq!(u.scheme, "redis+cluster");
         assert_eq!(u.user.as_deref(), Some("us er"));
-        assert_eq!(u.password.as_deref(), Some("p:w"));
+        assert_eq!(u.password.as_ref().map(Secret::expose), Some("p:w"));
         assert_eq!(
             u.hosts[0],
             HostPort {

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Capabilities;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 
 /// A lease's owner token: 128 random bits, unique per lease.
 ///
@@ -78,6 +78,20 @@ impl Deadline {
             Deadline::Never => false,
         }
     }
+
+    /// Sleeps until the deadline: at once for [`Deadline::Now`], never for
+    /// [`Deadline::Never`]. For the arm of a `select!` that ends a wait.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only sleeps.
+    pub async fn sleep(&self) {
+        match self {
+            Deadline::Now => {}
+            Deadline::At(t) => tokio::time::sleep_until((*t).into()).await,
+            Deadline::Never => std::future::pending().await,
+        }
+    }
 }
 
 /// The validity deadline of a lease proven by a request sent at `sent`:
@@ -94,6 +108,91 @@ impl Deadline {
 /// ```
 pub fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
     sent + ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
+/// `ttl` in whole seconds, rounded up, at least 1: for servers whose leases
+/// and timeouts count seconds (an etcd lease, a MySQL `wait_timeout`, a
+/// ZooKeeper session), so the server keeps a lease at least `ttl`.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// assert_eq!(lockcore::backend::whole_seconds(Duration::from_millis(1500)), 2);
+/// assert_eq!(lockcore::backend::whole_seconds(Duration::from_secs(3)), 3);
+/// assert_eq!(lockcore::backend::whole_seconds(Duration::ZERO), 1);
+/// ```
+pub fn whole_seconds(ttl: Duration) -> u64 {
+    (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1)
+}
+
+/// Runs one request within `limit`: its own result, or, when the server
+/// did not answer in time, [`ErrorKind::Indeterminate`] for a request that
+/// may have changed server state (`mutating`) and
+/// [`ErrorKind::Unavailable`] for one that only reads. `what` says what was
+/// asked of which server ("creating the lock key on 127.0.0.1:2379").
+///
+/// ```
+/// use std::time::Duration;
+/// use lockcore::{backend::within, ErrorKind};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let slow = async {
+///     tokio::time::sleep(Duration::from_secs(5)).await;
+///     Ok::<_, lockcore::Error>(1)
+/// };
+/// let err = within("mine", "reading the lock", Duration::from_millis(10), false, slow)
+///     .await
+///     .unwrap_err();
+/// assert_eq!(err.kind(), ErrorKind::Unavailable);
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// The request's own error, or [`ErrorKind::Indeterminate`] /
+/// [`ErrorKind::Unavailable`] when it did not answer within `limit`.
+///
+/// # Cancel safety
+///
+/// As the request it runs.
+pub async fn within<T>(
+    backend: &'static str,
+    what: impl fmt::Display,
+    limit: Duration,
+    mutating: bool,
+    request: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(r) => r,
+        Err(_) => {
+            let kind = if mutating {
+                ErrorKind::Indeterminate
+            } else {
+                ErrorKind::Unavailable
+            };
+            Err(Error::new(
+                kind,
+                backend,
+                format!("{what}: no answer within {limit:?}"),
+            ))
+        }
+    }
+}
+
+/// What a backend crate needs, in one import:
+/// `use lockcore::backend::prelude::*;`.
+pub mod prelude {
+    pub use async_trait::async_trait;
+    pub use tokio_util::sync::CancellationToken;
+
+    pub use super::{
+        validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease, Deadline,
+        Grant, HolderInfo, LockInfo, OwnerToken, Released, Renewal,
+    };
+    pub use crate::capabilities::{Capabilities, Fencing, LeaseKind};
+    pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};
+    pub use crate::error::{Error, ErrorKind, Result};
 }
 
 /// One acquisition, as [`Locker`](crate::Locker) hands it to the backend.
@@ -230,7 +329,21 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 ///
 /// `renew` may be called concurrently with `release` (the watchdog and the
 /// guard's owner run independently); implementations must stay correct when
-/// that happens, which owner-checked operations do by construction.
+/// that happens, which owner-checked operations do by construction. The
+/// `Locker` runs one renewal of a lease at a time.
+///
+/// What the results mean, also on a broken connection:
+///
+/// | outcome | `renew` | `release` |
+/// |---|---|---|
+/// | the server confirmed | `Ok(Renewed { valid_until })`, counted from the request's send time | `Ok(Released)` |
+/// | the server said the lease is not this owner's, or what carries it (session, connection) is known to be gone | `Ok(Lost)` | `Ok(NotHeld)` |
+/// | the server could not be asked, or did not answer in time | `Err` with [`ErrorKind::Unavailable`] or [`ErrorKind::Indeterminate`]: the watchdog retries while the lease is valid | `Err` likewise: the lease then ends by its ttl, session or connection |
+///
+/// A backend whose lease is a connection ([`LeaseKind::Connection`](crate::LeaseKind))
+/// must still free the name within the ttl without a renewal, also while the
+/// connection stays open (MySQL sets the session's `wait_timeout` from the
+/// ttl): a stalled holder must not keep a name forever.
 #[async_trait]
 pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
     /// Extends the lease to `ttl` from now, only if this owner still holds it.

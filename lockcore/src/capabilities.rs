@@ -23,7 +23,11 @@ pub enum LeaseKind {
     Ttl,
     /// A client session, kept alive by heartbeats (ZooKeeper).
     Session,
-    /// An open connection holding a transaction (MySQL).
+    /// An open connection holding a transaction (MySQL). The name is free
+    /// at once when the holder's connection closes, and within the ttl
+    /// without a renewal while it stays open. Every held or waiting lock
+    /// uses a connection of its own: how many a client can hold is bounded
+    /// by the server's connection limit.
     Connection,
 }
 

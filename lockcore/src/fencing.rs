@@ -62,6 +62,10 @@ impl FenceGate {
 
     /// Admits `token` for `name` if it is at least the largest seen, and
     /// remembers it; refuses a smaller one.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] when `token` is below the largest seen for `name`.
     pub fn check(&self, name: &str, token: u64) -> Result<(), StaleToken> {
         let mut map = self.largest.lock().unwrap_or_else(PoisonError::into_inner);
         match map.get_mut(name) {

@@ -37,6 +37,7 @@ use crate::owner::Owner;
 /// # Ok(()) }
 /// ```
 #[must_use = "the lock is released as soon as the guard is dropped"]
+#[clippy::has_significant_drop]
 pub struct LockGuard {
     held: Arc<Held>,
     owner: Arc<Owner>,
@@ -151,6 +152,13 @@ impl LockGuard {
     /// Fails with [`ErrorKind::Lost`] when the lease is gone (and the lost
     /// signal fires), [`ErrorKind::InvalidConfig`] when `ttl` is out of range.
     ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Lost`] when the lease is gone, [`ErrorKind::InvalidConfig`]
+    /// for a ttl out of range or above what the backend can keep, and the
+    /// backend's [`ErrorKind::Unavailable`] / [`ErrorKind::Indeterminate`]
+    /// when the server could not be asked (the lease may still be valid).
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped call at most extended the lease.
@@ -174,6 +182,13 @@ impl LockGuard {
     /// learns that the guarded work may have overlapped another holder's.
     /// Owner-checked: a lease that expired and was taken by another owner is
     /// left alone.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Lost`] when the lease had been lost; the backend's
+    /// [`ErrorKind::Unavailable`] / [`ErrorKind::Indeterminate`] when the
+    /// server could not be asked (the lease then ends by its ttl, session or
+    /// connection).
     ///
     /// # Cancel safety
     ///

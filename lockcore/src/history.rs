@@ -143,12 +143,20 @@ impl History {
     /// Proves that no two leases on a name overlapped (a lease that has not
     /// ended overlaps every later one) and that fencing tokens rose strictly
     /// in acquisition order.
+    ///
+    /// # Errors
+    ///
+    /// The first [`Violation`] found.
     pub fn check(&self) -> Result<Summary, Violation> {
         check(&self.snapshot())
     }
 }
 
 /// [`History::check`] over a list of records.
+///
+/// # Errors
+///
+/// The first [`Violation`] found.
 pub fn check(records: &[LeaseRecord]) -> Result<Summary, Violation> {
     let mut by_name: HashMap<&str, Vec<&LeaseRecord>> = HashMap::new();
     for r in records {

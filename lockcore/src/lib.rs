@@ -47,6 +47,8 @@
 
 pub mod address;
 pub mod backend;
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod capabilities;
 pub mod cleanup;
 pub mod error;
@@ -63,6 +65,7 @@ pub mod retry;
 pub mod sync;
 mod watchdog;
 
+pub use async_trait::async_trait;
 pub use backend::{
     AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, OwnerToken,
     Released, Renewal,

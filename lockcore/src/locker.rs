@@ -136,6 +136,10 @@ impl Locker {
 
     /// Waits until `name` is acquired (default ttl and renewal).
     ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Locker::acquire) with [`Wait::Forever`].
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future leaves nothing held or queued on the
@@ -153,6 +157,11 @@ impl Locker {
 
     /// One attempt: the guard, or `Ok(None)` when `name` is held.
     ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Locker::acquire) with [`Wait::Try`] (contention is
+    /// `Ok(None)`, not an error).
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe, as [`lock`](Locker::lock).
@@ -161,6 +170,11 @@ impl Locker {
     }
 
     /// Waits up to `wait` for `name`, then fails with [`ErrorKind::Timeout`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`] when the name is still held after `wait`; otherwise
+    /// as [`acquire`](Locker::acquire).
     ///
     /// # Cancel safety
     ///
@@ -181,6 +195,15 @@ impl Locker {
     /// Invalid names fail with [`ErrorKind::InvalidName`] and out-of-range
     /// options with [`ErrorKind::InvalidConfig`], before any server is asked.
     /// If this owner already holds `name`, another hold is taken at once.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidName`], [`ErrorKind::InvalidConfig`] before any
+    /// server is asked; [`ErrorKind::Timeout`] for [`Wait::For`] at its
+    /// deadline; [`ErrorKind::Unavailable`] when the server does not answer
+    /// (within its timeouts, or a grace after the wait's deadline);
+    /// [`ErrorKind::Indeterminate`] when a request that may have applied was
+    /// cut off (its effect is being undone); [`ErrorKind::Backend`] otherwise.
     ///
     /// # Cancel safety
     ///
@@ -271,6 +294,10 @@ impl Locker {
 
     /// What the backend can tell about `name`: holder and waiters, or
     /// `Ok(None)` when it cannot inspect.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidName`]; the backend's [`ErrorKind::Unavailable`].
     ///
     /// # Cancel safety
     ///

@@ -22,6 +22,10 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// let err = validate_name("memory", "bad\nname").unwrap_err();
 /// assert_eq!(err.kind(), ErrorKind::InvalidName);
 /// ```
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidName`] saying what is wrong with the name.
 pub fn validate_name(backend: &'static str, name: &str) -> Result<()> {
     let problem = if name.is_empty() {
         Some("a lock name must not be empty".to_owned())

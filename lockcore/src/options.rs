@@ -96,6 +96,10 @@ impl LockOptions {
     }
 
     /// Checks the ranges; `backend` is named in the error.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidConfig`] for a ttl or wait out of range.
     pub fn validate(&self, backend: &'static str) -> Result<()> {
         if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
             return Err(Error::new(

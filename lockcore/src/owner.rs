@@ -9,7 +9,7 @@
 //! second acquires in its turn.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OwnedMutexGuard;
@@ -25,30 +25,39 @@ pub(crate) struct Owner {
     gates: Mutex<HashMap<String, Arc<Gate>>>,
 }
 
-/// One name's gate: its turn, and whether the acquisition holding the turn
-/// waits (a `try` does not wait behind one that does).
+/// One name's gate: its turn, and how many waiting (not `try`)
+/// acquisitions are queued for it or hold it: a `try` never waits behind
+/// one of those.
 #[derive(Debug, Default)]
 struct Gate {
     turn: Arc<tokio::sync::Mutex<()>>,
-    waits: AtomicBool,
+    waiting: AtomicUsize,
 }
 
-/// A reference to a gate; the last one to go removes the gate from the map.
+/// A reference to a gate, the only one its holder keeps; the last one to
+/// go removes the gate from the map. A waiting acquisition is counted on the
+/// gate for as long as its reference lives.
 struct GateRef {
     owner: Arc<Owner>,
     name: String,
-    gate: Arc<Gate>,
+    gate: Option<Arc<Gate>>,
+    waiting: bool,
 }
 
 impl Drop for GateRef {
     fn drop(&mut self) {
         let mut gates = lock(&self.owner.gates);
-        // The map's reference and ours: nobody else waits on this gate, and
-        // new references are only made under this lock.
-        if Arc::strong_count(&self.gate) == 2
-            && gates
-                .get(&self.name)
-                .is_some_and(|g| Arc::ptr_eq(g, &self.gate))
+        // Our reference goes under the lock, where every new one is made:
+        // the map's entry then counts exactly the others.
+        if let Some(g) = self.gate.take() {
+            if self.waiting {
+                g.waiting.fetch_sub(1, Ordering::AcqRel);
+            }
+            drop(g);
+        }
+        if gates
+            .get(&self.name)
+            .is_some_and(|g| Arc::strong_count(g) == 1)
         {
             gates.remove(&self.name);
         }
@@ -64,24 +73,34 @@ pub(crate) struct GatePass {
 
 impl Owner {
     /// Waits for the turn to acquire `name` (cancel safe: a dropped wait
-    /// leaves the gate to the others). `None` for a `try` while another
-    /// acquisition of `name` through this owner is waiting: the name is
-    /// contended.
+    /// leaves the gate to the others). `None` for a `try` while a waiting
+    /// acquisition of `name` through this owner is queued or under way: the
+    /// name is contended.
     pub(crate) async fn enter(self: &Arc<Self>, name: &str, wait: Wait) -> Option<GatePass> {
+        let waits = wait != Wait::Try;
         let gate = {
             let mut gates = lock(&self.gates);
+            let g = gates.entry(name.to_owned()).or_default().clone();
+            // A waiting acquisition counts from before it queues.
+            if waits {
+                g.waiting.fetch_add(1, Ordering::AcqRel);
+            }
             GateRef {
                 owner: self.clone(),
                 name: name.to_owned(),
-                gate: gates.entry(name.to_owned()).or_default().clone(),
+                gate: Some(g),
+                waiting: waits,
             }
         };
-        let turn = match gate.gate.turn.clone().try_lock_owned() {
-            Ok(t) => t,
-            Err(_) if wait == Wait::Try && gate.gate.waits.load(Ordering::Acquire) => return None,
-            Err(_) => gate.gate.turn.clone().lock_owned().await,
+        let turn = {
+            let g = gate.gate.as_ref()?;
+            match g.turn.clone().try_lock_owned() {
+                Ok(t) => t,
+                // A try does not wait behind a waiting acquisition of the name.
+                Err(_) if !waits && g.waiting.load(Ordering::Acquire) > 0 => return None,
+                Err(_) => g.turn.clone().lock_owned().await,
+            }
         };
-        gate.gate.waits.store(wait != Wait::Try, Ordering::Release);
         Some(GatePass {
             _turn: turn,
             _gate: gate,
@@ -115,5 +134,96 @@ impl Owner {
             map.remove(&held.name);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::backend::{AcquireRequest, Backend, Grant};
+    use crate::memory::MemoryBackend;
+    use crate::{Capabilities, Locker};
+
+    /// The memory server, each acquisition 300 ms slow.
+    #[derive(Debug, Clone)]
+    struct SlowAcquire(MemoryBackend);
+
+    #[async_trait]
+    impl Backend for SlowAcquire {
+        fn name(&self) -> &'static str {
+            "slow-acquire"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+
+        async fn acquire(&self, req: AcquireRequest<'_>) -> crate::Result<Option<Grant>> {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            self.0.acquire(req).await
+        }
+    }
+
+    /// One owner: a try in flight, then a lock queued behind it, then a
+    /// try. The last try must answer at once (the name is contended), not
+    /// queue behind the lock, which waits as long as another owner holds it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_never_waits_behind_a_waiting_acquisition() {
+        let server = MemoryBackend::new();
+        let other = Locker::new(server.clone());
+        let held = other.lock("x").await.unwrap();
+        let owner = Arc::new(Locker::new(SlowAcquire(server)));
+        let first = {
+            let o = owner.clone();
+            tokio::spawn(async move { o.try_lock("x").await.map(|g| g.is_none()) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let waiting = {
+            let o = owner.clone();
+            tokio::spawn(async move { o.lock("x").await.map(drop) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t = Instant::now();
+        let got = tokio::time::timeout(Duration::from_secs(3), owner.try_lock("x"))
+            .await
+            .expect("a try waited behind a waiting acquisition of the same owner");
+        assert!(got.unwrap().is_none());
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "the try took {:?}",
+            t.elapsed()
+        );
+        assert!(
+            first.await.unwrap().unwrap(),
+            "the first try found the name held"
+        );
+        waiting.abort();
+        drop(held);
+    }
+
+    /// Gates of names entered concurrently all go once nobody uses them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gates_do_not_pile_up() {
+        let owner = Arc::new(Owner::default());
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let owner = owner.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..5_000u32 {
+                    let name = format!("n{}", (i + t) % 3);
+                    let wait = if i % 2 == 0 { Wait::Try } else { Wait::Forever };
+                    drop(owner.enter(&name, wait).await);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(lock(&owner.gates).len(), 0, "gates left behind");
     }
 }

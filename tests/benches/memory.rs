@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
+use lockcore::bench as workload;
 use lockcore::Locker;
-use lockcore_conformance::workload;
 
 fn main() {
     let rt = workload::runtime();

@@ -109,3 +109,131 @@ impl Harness for UrlHarness {
         (self.connect)(self.url.clone()).await
     }
 }
+
+/// A client-side pause, as a GC pause or a stopped VM makes one: a client
+/// made by [`wrap`](ClientPause::wrap) runs as usual until
+/// [`pause`](ClientPause::pause); then its leases' renewals and releases
+/// hang (its watchdog can no longer renew), until
+/// [`resume`](ClientPause::resume). The server and other clients run on.
+///
+/// ```no_run
+/// # async fn case(ctx: lockcore_conformance::Ctx) {
+/// use lockcore_conformance::ClientPause;
+/// let pause = ClientPause::new();
+/// let holder = pause.wrap(&ctx.locker().await);
+/// let g = holder.lock("x").await.unwrap();
+/// pause.pause();
+/// g.lost().await; // the validity deadline passed without a renewal
+/// pause.resume();
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientPause {
+    state: Arc<PauseState>,
+}
+
+#[derive(Debug, Default)]
+struct PauseState {
+    paused: std::sync::atomic::AtomicBool,
+    resumed: tokio::sync::Notify,
+}
+
+impl PauseState {
+    async fn wait(&self) {
+        loop {
+            let resumed = self.resumed.notified();
+            if !self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            resumed.await;
+        }
+    }
+}
+
+impl ClientPause {
+    /// A pause switch, not paused.
+    pub fn new() -> Self {
+        ClientPause::default()
+    }
+
+    /// A client over the same backend as `locker` whose leases stop renewing
+    /// while this is paused.
+    pub fn wrap(&self, locker: &Locker) -> Locker {
+        Locker::from_arc(Arc::new(Paused {
+            inner: locker.backend().clone(),
+            state: self.state.clone(),
+        }))
+    }
+
+    /// Stops the wrapped clients' renewals and releases.
+    pub fn pause(&self) {
+        self.state
+            .paused
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Lets them go on.
+    pub fn resume(&self) {
+        self.state
+            .paused
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.state.resumed.notify_waiters();
+    }
+}
+
+#[derive(Debug)]
+struct Paused {
+    inner: Arc<dyn lockcore::Backend>,
+    state: Arc<PauseState>,
+}
+
+#[derive(Debug)]
+struct PausedLease {
+    inner: Box<dyn lockcore::BackendLease>,
+    state: Arc<PauseState>,
+}
+
+#[async_trait]
+impl lockcore::Backend for Paused {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> lockcore::Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(
+        &self,
+        req: lockcore::AcquireRequest<'_>,
+    ) -> lockcore::Result<Option<lockcore::Grant>> {
+        Ok(self.inner.acquire(req).await?.map(|g| lockcore::Grant {
+            lease: Box::new(PausedLease {
+                inner: g.lease,
+                state: self.state.clone(),
+            }),
+            ..g
+        }))
+    }
+
+    async fn inspect(&self, name: &str) -> lockcore::Result<Option<lockcore::LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[async_trait]
+impl lockcore::BackendLease for PausedLease {
+    async fn renew(&self, ttl: std::time::Duration) -> lockcore::Result<lockcore::Renewal> {
+        self.state.wait().await;
+        self.inner.renew(ttl).await
+    }
+
+    async fn release(&self) -> lockcore::Result<lockcore::Released> {
+        self.state.wait().await;
+        self.inner.release().await
+    }
+
+    fn abandon(&self) {
+        self.inner.abandon();
+    }
+}

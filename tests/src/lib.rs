@@ -2,7 +2,7 @@
 //! backend.
 //!
 //! Each case is a public async function over a [`Ctx`]; [`run`] runs all the
-//! cases that a backend's [`Capabilities`](lockcore::Capabilities) select,
+//! cases that a backend's [`Capabilities`] select,
 //! against one or more [`Target`]s, as named trials
 //! (`<target>::<case>`) that can be filtered like any test. A backend's own
 //! `tests/` calls it from a `harness = false` test:
@@ -46,7 +46,6 @@ pub mod cases;
 mod faults;
 pub mod proxy;
 mod runner;
-pub mod workload;
 
 use std::fmt;
 use std::sync::Arc;
@@ -54,9 +53,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lockcore::{Capabilities, Locker};
 
-pub use runner::{run, run_serial, Target};
+pub use runner::{run, run_serial, Target, COMPOSE_HINT};
 
-pub use faults::{compose, ConnectFn, ConnectFuture, UndoOnDrop, UrlHarness};
+pub use faults::{compose, ClientPause, ConnectFn, ConnectFuture, UndoOnDrop, UrlHarness};
 pub use proxy::{Dir, Proxies};
 
 /// How the suite reaches a backend: implemented once per backend, in its

@@ -75,6 +75,8 @@ impl Conn {
 struct State {
     cfg: Mutex<Cfg>,
     conns: Mutex<Vec<Weak<Conn>>>,
+    /// When a chunk from the client was last read (before any delay).
+    last_up: Mutex<Option<std::time::Instant>>,
 }
 
 impl State {
@@ -174,6 +176,9 @@ async fn pipe(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            if dir == 0 {
+                *lock(&state.last_up) = Some(std::time::Instant::now());
+            }
             if conn.dead[dir].load(Ordering::SeqCst) {
                 continue;
             }
@@ -300,6 +305,15 @@ impl Proxies {
                 c.kill();
             }
         }
+    }
+
+    /// When the client's last request (the last chunk it sent) reached the
+    /// proxies: a request answered before now was sent no later than this.
+    pub fn last_sent(&self) -> Option<std::time::Instant> {
+        self.all()
+            .iter()
+            .filter_map(|p| *lock(&p.state.last_up))
+            .max()
     }
 
     /// Open connections through these proxies.

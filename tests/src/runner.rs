@@ -20,6 +20,11 @@ const CASE_LIMIT: Duration = Duration::from_secs(180);
 /// How long setting up a target may take.
 const SETUP_LIMIT: Duration = Duration::from_secs(60);
 
+/// What to tell a user whose server is missing or unreachable, for this
+/// workspace's backends (servers from its `compose/`).
+pub const COMPOSE_HINT: &str =
+    "start the servers with `compose/local up` and `eval \"$(compose/local env)\"` (see compose/README.md)";
+
 /// One backend configuration under test.
 pub struct Target {
     name: String,
@@ -27,6 +32,7 @@ pub struct Target {
     make: Make,
     extra: Vec<Case>,
     shared: bool,
+    hint: String,
 }
 
 impl std::fmt::Debug for Target {
@@ -53,7 +59,16 @@ impl Target {
             make: Box::new(move |cfg| Box::pin(make(cfg))),
             extra: Vec::new(),
             shared: true,
+            hint: "start the server and set the variable to its lock URL".to_owned(),
         }
+    }
+
+    /// What to tell a user whose server is missing or unreachable (how to
+    /// start it): shown in the skip line and in a failed `available` trial.
+    #[must_use]
+    pub fn hint(mut self, hint: &str) -> Self {
+        self.hint = hint.to_owned();
+        self
     }
 
     /// Runs only the cases added with [`case`](Target::case), not the shared
@@ -151,9 +166,7 @@ fn target_trials(
         Some(var) => match std::env::var(var) {
             Ok(v) if !v.trim().is_empty() => v,
             _ => {
-                let why = format!(
-                    "{var} is unset: start the servers with `compose/local up` and `eval \"$(compose/local env)\"` (see compose/README.md)"
-                );
+                let why = format!("{var} is unset: {}", target.hint);
                 if required(&target.name) {
                     return vec![failing(
                         format!("{}::available", target.name),
@@ -186,13 +199,13 @@ fn target_trials(
         Ok(Err(e)) => {
             return vec![failing(
                 format!("{}::available", target.name),
-                format!("backend {} ({var}={shown}) could not be set up: {e}. Is the server up? See compose/README.md", target.name),
+                format!("backend {} ({var}={shown}) could not be set up: {e}. Is the server up? {}", target.name, target.hint),
             )]
         }
         Err(_) => {
             return vec![failing(
                 format!("{}::available", target.name),
-                format!("backend {} ({var}={shown}) did not answer within {SETUP_LIMIT:?}. Is the server up? See compose/README.md", target.name),
+                format!("backend {} ({var}={shown}) did not answer within {SETUP_LIMIT:?}. Is the server up? {}", target.name, target.hint),
             )]
         }
     };
@@ -201,7 +214,10 @@ fn target_trials(
         Err(e) => {
             return vec![failing(
                 format!("{}::available", target.name),
-                format!("backend {} ({var}={shown}): a client could not connect: {e}. Is the server up? See compose/README.md", target.name),
+                format!(
+                "backend {} ({var}={shown}): a client could not connect: {e}. Is the server up? {}",
+                target.name, target.hint
+            ),
             )]
         }
     };

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use lockcore::{ErrorKind, Wait, DEFAULT_TTL};
 
 use super::{must_be_held, must_try, opts, until_waiters, SLACK, TRY_BOUND};
-use crate::Ctx;
+use crate::{Ctx, Dir, Proxies};
 
 /// Acquire a free name, see it held on the server (and in `inspect`, where
 /// the backend can), release it, acquire it again.
@@ -145,6 +145,41 @@ pub async fn release_wakes_waiter_quickly(ctx: Ctx) {
         wake <= bound,
         "the waiter got the lock {wake:?} after the release (bound {bound:?})"
     );
+}
+
+/// A release that lands while the waiter's own requests are still on their
+/// way (each reaches the server 300 ms late, through a proxy where the
+/// harness can: between the waiter's look at its predecessor and its watch
+/// on it) still wakes the waiter: a watch set up after the look must start
+/// from what the look saw, not from whatever is current when it arrives.
+pub async fn release_between_look_and_watch_wakes(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let Some(w) = ctx.locker_via(&proxies).await else {
+        return;
+    };
+    let a = ctx.locker().await;
+    let name = ctx.name("look-then-watch");
+    let g = must_try(&a, &name).await;
+    // Well under every backend's request timeout.
+    let delay = Duration::from_millis(300);
+    proxies.delay(Dir::Up, delay);
+    let waiter = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let g = w.lock(&name).await.expect("waiter acquires");
+            g.release().await.expect("release");
+        })
+    };
+    // The waiter's key (or node) reaches the server; its look at the
+    // predecessor one delay later, its watch two delays later: release in
+    // between.
+    until_waiters(&a, &name, 1).await;
+    tokio::time::sleep(delay + delay / 2).await;
+    g.release().await.expect("release");
+    tokio::time::timeout(SLACK * 4, waiter)
+        .await
+        .expect("the release between the waiter's look and its watch was missed")
+        .expect("waiter task");
 }
 
 /// Waiters are served in arrival order.

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::backend::validity_deadline;
 use lockcore::history::History;
 use lockcore::{ErrorKind, LeaseKind, Wait};
 
@@ -165,32 +164,38 @@ pub async fn lost_fires_when_lease_is_revoked(ctx: Ctx) {
 }
 
 /// A lease's validity is counted from when the request that proved it was
-/// sent, never from its reply. Every request of the client is slowed down by
-/// 100 ms each way (through a proxy, where the harness can), so any request
-/// answered by the time the call returns was sent at least 200 ms before:
-/// the deadline must stay within `validity_deadline(returned − 200 ms, ttl)`
-/// (plus 50 ms for the client's own work), for the grant and for a renewal.
-/// A server in another process also leaves the drift allowance.
+/// sent, never from its reply, less the drift allowance of the contract
+/// (ttl/100 + 2 ms) for a server in another process. Through a proxy (where
+/// the harness can), which sees when the client's last request went out and
+/// holds every reply back 100 ms, the deadline must stay within that send
+/// time + ttl − the allowance, for the grant and for a renewal.
 pub async fn validity_is_counted_from_before_the_request(ctx: Ctx) {
     let proxies = Proxies::new();
-    let (l, delay) = match ctx.locker_via(&proxies).await {
-        Some(l) => (l, Duration::from_millis(100)),
-        None => (ctx.locker().await, Duration::ZERO),
+    let proxied = ctx.locker_via(&proxies).await;
+    let l = match &proxied {
+        Some(l) => l.clone(),
+        None => ctx.locker().await,
     };
-    proxies.delay(Dir::Both, delay);
     let name = ctx.name("validity");
-    // Long enough that the drift allowance (ttl/100 + 2 ms) is well above
-    // the slack for the client's own work.
+    // Long enough that the allowance (102 ms) is far above the client's
+    // own time between sending and the proxy reading the request.
     let ttl = Duration::from_secs(10);
-    let slack = Duration::from_millis(50);
-    // An in-process server shares the client's clock: its own expiry,
-    // taken during the call, is exact.
-    let bound = |returned: Instant| {
-        if ctx.caps.cross_process {
-            validity_deadline(returned - delay * 2, ttl) + slack
-        } else {
-            returned + ttl
-        }
+    let allowance = ttl / 100 + Duration::from_millis(2);
+    // Once round without delay first (a server may learn a script, a
+    // connection may settle), so that the measured call is one request.
+    l.acquire(&name, &opts(ttl, Wait::Try, false))
+        .await
+        .expect("acquire")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    proxies.delay(Dir::Down, Duration::from_millis(100));
+    let bound = |returned: Instant| match proxies.last_sent() {
+        Some(sent) if ctx.caps.cross_process => sent + ttl - allowance,
+        // No proxy: only the call's end bounds the send time. An in-process
+        // server shares the client's clock and needs no allowance.
+        _ => returned + ttl,
     };
     let g = l
         .acquire(&name, &opts(ttl, Wait::Try, false))

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use distlock::Locker;
 use indicatif::{ProgressBar, ProgressStyle};
-use lockcore_conformance::workload;
+use lockcore::bench as workload;
 use serde_json::json;
 
 use crate::exit;

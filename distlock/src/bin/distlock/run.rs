@@ -24,7 +24,11 @@ use tokio::process::Child;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::exit;
-use crate::supervise::{set_foreground, status_code, Message};
+use crate::supervise::{monotonic_ms, set_foreground, status_code, Message};
+
+/// How long a message to the supervisor may take to go out: longer means
+/// it no longer reads (stopped, stuck), and the command's group is killed.
+const SEND_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long cleanups (a dropped acquisition, a release) may take before
 /// the process exits.
@@ -165,102 +169,177 @@ fn remove_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Kills the supervisor's whole group (the command's).
-fn kill_group(child: &Child) {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+/// Kills the supervisor's whole group (the command's): also what is left
+/// of it after the supervisor ended.
+fn kill_group(group: Option<Pid>) {
+    if let Some(g) = group {
+        let _ = killpg(g, Signal::SIGKILL);
     }
 }
 
-/// The lease's remaining validity, or `None` once lost.
-fn remaining(guard: &LockGuard) -> Option<Duration> {
-    guard
-        .valid_until()
-        .map(|t| t.saturating_duration_since(std::time::Instant::now()))
+/// Until when the lease is valid, on the monotonic clock shared with the
+/// supervisor; `None` once lost.
+fn valid_until(guard: &LockGuard) -> Option<Message> {
+    let left = guard
+        .valid_until()?
+        .saturating_duration_since(std::time::Instant::now());
+    let left = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+    Some(Message::ValidUntil(monotonic_ms().saturating_add(left)))
 }
 
-async fn send(conn: &mut UnixStream, m: Message) -> bool {
-    conn.write_all(m.line().as_bytes()).await.is_ok()
+/// How a message to the supervisor went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// It is on its way.
+    Yes,
+    /// The supervisor closed its end: it is ending (its exit status tells).
+    Closed,
+    /// It did not go out in time: the supervisor no longer reads.
+    Stuck,
+}
+
+/// Sends `m` to the supervisor.
+async fn send(conn: &mut UnixStream, m: Message) -> Sent {
+    match tokio::time::timeout(SEND_LIMIT, conn.write_all(m.line().as_bytes())).await {
+        Ok(Ok(())) => Sent::Yes,
+        Ok(Err(_)) => Sent::Closed,
+        Err(_) => Sent::Stuck,
+    }
+}
+
+/// The supervisor stopped reading (stopped, stuck): no one could stop the
+/// command when the lease goes, so it is killed now.
+async fn stuck(group: Option<Pid>, child: &mut Child) -> u8 {
+    eprintln!("distlock: the command's supervisor stopped answering; the command was killed");
+    kill_group(group);
+    let _ = child.wait().await;
+    exit::SOFTWARE
+}
+
+/// A started supervisor: its process, its group, and its socket.
+struct Supervisor {
+    child: Child,
+    group: Option<Pid>,
+    conn: UnixStream,
+    /// The group distlock gave the terminal away from, if it did.
+    foreground: Option<Pid>,
+}
+
+/// Starts the supervisor (the command waits for its first message) and
+/// takes its connection on a socket in a private directory; the error is
+/// the exit code, after a message.
+async fn start_supervisor(guard: &LockGuard, args: &Args) -> Result<Supervisor, u8> {
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        eprintln!("distlock: {what}: {e}");
+        exit::SOFTWARE
+    };
+    // In a terminal's foreground, the command's group takes the terminal.
+    let stdin = std::io::stdin();
+    let foreground =
+        (stdin.is_terminal() && tcgetpgrp(&stdin).ok() == Some(getpgrp())).then(getpgrp);
+    let dir = private_dir()
+        .map_err(|e| failed("cannot make a private directory for the supervisor", &e))?;
+    let socket = dir.join("s");
+    let started = async {
+        let listener = UnixListener::bind(&socket)
+            .map_err(|e| failed("cannot listen for the supervisor", &e))?;
+        let exe = std::env::current_exe().map_err(|e| {
+            failed(
+                "cannot find its own executable to supervise the command",
+                &e,
+            )
+        })?;
+        let mut command = tokio::process::Command::new(exe);
+        command.arg("__supervise").arg("--socket").arg(&socket);
+        if let Some(pg) = foreground {
+            command.arg("--foreground").arg(pg.as_raw().to_string());
+        }
+        command
+            .arg("--")
+            .args(&args.command)
+            .env("DISTLOCK_NAME", &args.name)
+            .process_group(0);
+        match guard.fence() {
+            Some(f) => command.env("DISTLOCK_FENCE", f.to_string()),
+            None => command.env_remove("DISTLOCK_FENCE"),
+        };
+        let child = command
+            .spawn()
+            .map_err(|e| failed("cannot start the supervisor", &e))?;
+        let accepted = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await;
+        Ok::<_, u8>((child, accepted))
+    }
+    .await;
+    remove_dir(&dir);
+    let (mut child, accepted) = started?;
+    // The supervisor leads the group (its pid is the group's id).
+    let group = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .map(Pid::from_raw);
+    let conn = match accepted {
+        Ok(Ok((conn, _)))
+            if conn
+                .peer_cred()
+                .ok()
+                .and_then(|c| c.pid())
+                .and_then(|p| u32::try_from(p).ok())
+                == child.id() =>
+        {
+            conn
+        }
+        other => {
+            kill_group(group);
+            let _ = child.wait().await;
+            let why = match other {
+                Ok(Ok(_)) => "an unexpected process answered on the supervisor's socket",
+                _ => "the supervisor did not start",
+            };
+            eprintln!("distlock: {why}");
+            return Err(exit::SOFTWARE);
+        }
+    };
+    Ok(Supervisor {
+        child,
+        group,
+        conn,
+        foreground,
+    })
 }
 
 /// Runs the command under its supervisor while the lease lives; returns
 /// the exit code.
 async fn under_lease(guard: &LockGuard, args: &Args, signals: &mut Signals) -> u8 {
-    // In a terminal's foreground, the command's group takes the terminal.
-    let stdin = std::io::stdin();
-    let foreground =
-        (stdin.is_terminal() && tcgetpgrp(&stdin).ok() == Some(getpgrp())).then(getpgrp);
-    let dir = match private_dir() {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("distlock: cannot make a private directory for the supervisor: {e}");
-            return exit::SOFTWARE;
-        }
+    let Supervisor {
+        mut child,
+        group,
+        mut conn,
+        foreground,
+    } = match start_supervisor(guard, args).await {
+        Ok(s) => s,
+        Err(code) => return code,
     };
-    let socket = dir.join("s");
-    let listener = match UnixListener::bind(&socket) {
-        Ok(l) => l,
-        Err(e) => {
-            remove_dir(&dir);
-            eprintln!("distlock: cannot listen for the supervisor: {e}");
-            return exit::SOFTWARE;
-        }
+    // The command starts once the supervisor hears the lease is valid.
+    let first = match valid_until(guard) {
+        Some(m) => send(&mut conn, m).await,
+        None => Sent::Closed,
     };
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            remove_dir(&dir);
-            eprintln!("distlock: cannot find its own executable to supervise the command: {e}");
-            return exit::SOFTWARE;
-        }
-    };
-    let mut command = tokio::process::Command::new(exe);
-    command.arg("__supervise").arg("--socket").arg(&socket);
-    if let Some(pg) = foreground {
-        command.arg("--foreground").arg(pg.as_raw().to_string());
+    if first != Sent::Yes {
+        kill_group(group);
+        let _ = child.wait().await;
+        eprintln!(
+            "distlock: the lease on {:?} was lost before the command started",
+            args.name
+        );
+        return args.lost_exit_code;
     }
-    command
-        .arg("--")
-        .args(&args.command)
-        .env("DISTLOCK_NAME", &args.name)
-        .process_group(0);
-    match guard.fence() {
-        Some(f) => command.env("DISTLOCK_FENCE", f.to_string()),
-        None => command.env_remove("DISTLOCK_FENCE"),
-    };
-    let mut child = match command.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            remove_dir(&dir);
-            eprintln!("distlock: cannot start the supervisor: {e}");
-            return exit::SOFTWARE;
-        }
-    };
-    let accepted = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await;
-    remove_dir(&dir);
-    let mut conn = match accepted {
-        Ok(Ok((conn, _))) => {
-            let peer = conn.peer_cred().ok().and_then(|c| c.pid());
-            if peer.and_then(|p| u32::try_from(p).ok()) != child.id() {
-                kill_group(&child);
-                let _ = child.wait().await;
-                eprintln!("distlock: an unexpected process answered on the supervisor's socket");
-                return exit::SOFTWARE;
-            }
-            conn
-        }
-        _ => {
-            kill_group(&child);
-            let _ = child.wait().await;
-            eprintln!("distlock: the supervisor did not start");
-            return exit::SOFTWARE;
-        }
-    };
     let tick = (args.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let mut heartbeat = tokio::time::interval(tick);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let lost = guard.lost();
     tokio::pin!(lost);
+    // Whether the supervisor still reads (it closes its end as it exits).
+    let mut open = true;
     let code = loop {
         tokio::select! {
             biased;
@@ -270,11 +349,12 @@ async fn under_lease(guard: &LockGuard, args: &Args, signals: &mut Signals) -> u
                     args.name,
                     guard.lost_reason().unwrap_or("unknown")
                 );
-                send(&mut conn, Message::Stop(args.grace)).await;
                 // The supervisor kills the group by the grace or the
-                // deadline; should it not, do it here.
-                if tokio::time::timeout(args.grace + Duration::from_secs(5), child.wait()).await.is_err() {
-                    kill_group(&child);
+                // deadline; should it not take the message, or not do it,
+                // do it here.
+                let sent = send(&mut conn, Message::Stop(args.grace)).await;
+                if sent == Sent::Stuck || tokio::time::timeout(args.grace + Duration::from_secs(5), child.wait()).await.is_err() {
+                    kill_group(group);
                     let _ = child.wait().await;
                 }
                 break args.lost_exit_code;
@@ -295,16 +375,26 @@ async fn under_lease(guard: &LockGuard, args: &Args, signals: &mut Signals) -> u
                     }
                 };
             }
-            sig = signals.recv() => {
-                send(&mut conn, Message::Signal(sig as i32)).await;
+            sig = signals.recv(), if open => {
+                match send(&mut conn, Message::Signal(sig as i32)).await {
+                    Sent::Yes => {}
+                    Sent::Closed => open = false,
+                    Sent::Stuck => break stuck(group, &mut child).await,
+                }
             }
-            _ = heartbeat.tick() => {
-                if let Some(left) = remaining(guard) {
-                    send(&mut conn, Message::Valid(left)).await;
+            _ = heartbeat.tick(), if open => {
+                if let Some(m) = valid_until(guard) {
+                    match send(&mut conn, m).await {
+                        Sent::Yes => {}
+                        Sent::Closed => open = false,
+                        Sent::Stuck => break stuck(group, &mut child).await,
+                    }
                 }
             }
         }
     };
+    // Whatever the command left in its group goes with it.
+    kill_group(group);
     if foreground.is_some() {
         // Should the supervisor have died holding the terminal.
         set_foreground(getpgrp());

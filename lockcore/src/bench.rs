@@ -1,5 +1,6 @@
 //! Workloads for benchmarks, shared by every backend's bench and by
-//! `distlock bench`: uncontended pairs, contended hand-offs, many leases held.
+//! `distlock bench` (feature `bench`): uncontended pairs, contended
+//! hand-offs, many leases held.
 //!
 //! They measure through the full [`Locker`] path (validation, reentrancy
 //! map, watchdog, guard), as an application uses it.
@@ -7,7 +8,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::{LockOptions, Locker, Wait};
+use crate::sync::lock;
+use crate::{LockOptions, Locker, Wait};
 
 /// The runtime benchmarks run on: multi-threaded, two workers (the
 /// machine's cores), timers and I/O on.
@@ -25,7 +27,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Acquire+release pairs on `name` until `until`; returns how many.
-pub async fn pairs(locker: &Locker, name: &str, until: Instant) -> lockcore::Result<u64> {
+///
+/// # Errors
+///
+/// The first error of an acquisition or release.
+pub async fn pairs(locker: &Locker, name: &str, until: Instant) -> crate::Result<u64> {
     let opts = LockOptions::new().wait(Wait::Try);
     let mut n = 0;
     while Instant::now() < until {
@@ -44,7 +50,7 @@ pub async fn uncontended(
     prefix: &str,
     tasks: usize,
     run: Duration,
-) -> lockcore::Result<f64> {
+) -> crate::Result<f64> {
     let start = Instant::now();
     let until = start + run;
     let handles: Vec<_> = (0..tasks)
@@ -57,7 +63,7 @@ pub async fn uncontended(
     for h in handles {
         total += h
             .await
-            .map_err(|e| lockcore::Error::backend_error("bench", format!("task: {e}")))??;
+            .map_err(|e| crate::Error::backend_error("bench", format!("task: {e}")))??;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
@@ -70,7 +76,7 @@ pub async fn handoffs(
     lockers: Vec<Locker>,
     name: &str,
     run: Duration,
-) -> lockcore::Result<Vec<Duration>> {
+) -> crate::Result<Vec<Duration>> {
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let turn = Arc::new(tokio::sync::watch::channel(0u64).0);
@@ -91,7 +97,7 @@ pub async fn handoffs(
                 let g = match l.acquire(&name, &opts).await {
                     Ok(Some(g)) => g,
                     Ok(None) => break,
-                    Err(e) if e.kind() == lockcore::ErrorKind::Timeout => break,
+                    Err(e) if e.kind() == crate::ErrorKind::Timeout => break,
                     Err(e) => return Err(e),
                 };
                 let now = Instant::now();
@@ -109,15 +115,11 @@ pub async fn handoffs(
     }
     for t in tasks {
         t.await
-            .map_err(|e| lockcore::Error::backend_error("bench", format!("task: {e}")))??;
+            .map_err(|e| crate::Error::backend_error("bench", format!("task: {e}")))??;
     }
     let mut v = lock(&samples).clone();
     v.sort();
     Ok(v)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The `p` quantile (0..=1) of sorted samples.
@@ -151,7 +153,7 @@ pub async fn hold_many(
     k: usize,
     ttl: Duration,
     run: Duration,
-) -> lockcore::Result<HeldReport> {
+) -> crate::Result<HeldReport> {
     let before = rss_kib();
     let opts = LockOptions::new().ttl(ttl).wait(Wait::Try);
     let mut guards = Vec::with_capacity(k);

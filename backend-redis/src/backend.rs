@@ -1,18 +1,15 @@
 //! One instance or a Redis Cluster: `SET NX PX` + `INCR` fencing in one
-//! script, owner-checked renew and release, pub/sub wake-ups.
+//! script, waiters woken by pub/sub, inspection.
 
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use lockcore::backend::validity_deadline;
-use lockcore::cleanup::CleanupOnDrop;
-use lockcore::{
-    AcquireRequest, Backend, BackendLease, Capabilities, Deadline, Error, ErrorKind, Fencing,
-    Grant, HolderInfo, LeaseKind, LockInfo, Released, Renewal, Result,
-};
+use lockcore::backend::prelude::*;
 
 use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
-use crate::conn::{self, map_err, ttl_ms, Conn, Keys, ACQUIRE, INSPECT, RELEASE, RENEW};
+use crate::conn::{self, Conn, Managed};
+use crate::error::map_err;
+use crate::lease::{release, RedisLease};
+use crate::scripts::{ttl_ms, Keys, ACQUIRE, INSPECT};
 use crate::wake::{Subscription, Wakeups};
 
 /// The longest a waiter sleeps between attempts when no wake-up comes (a
@@ -34,13 +31,19 @@ impl RedisBackend {
     /// Connects to the instance or cluster of `cfg` (not RedLock: see
     /// [`RedLockBackend`](crate::RedLockBackend)).
     ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unavailable`] when the server does not answer within the
+    /// connect timeout, [`ErrorKind::InvalidConfig`] for a RedLock topology
+    /// or TLS without the `tls` feature.
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: it creates no lock state.
     pub async fn connect(cfg: RedisConfig) -> Result<Self> {
         let (conn, wake_node, server) = match &cfg.topology {
             Topology::Single(node) => (
-                Conn::Single(conn::Managed::connect(node, &cfg).await?),
+                Conn::Single(Managed::connect(node, &cfg).await?),
                 node.clone(),
                 node.to_string(),
             ),
@@ -77,27 +80,28 @@ impl RedisBackend {
         })
     }
 
-    fn err(&self, e: redis::RedisError, what: &str, name: &str, mutating: bool) -> Error {
-        map_err(e, what, &self.server, mutating).with_name(name)
-    }
-
     /// `WAIT count timeout` after an acquire: how many replicas confirmed.
-    async fn sync_replicas(&self, sync: SyncReplicas, name: &str) -> Result<()> {
+    async fn sync_replicas(&self, sync: SyncReplicas) -> Result<()> {
         let timeout_ms = u64::try_from(sync.timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(sync.count).arg(timeout_ms);
-        let fut = self.conn.cmd::<u32>(&cmd);
-        let acked = tokio::time::timeout(sync.timeout + self.cfg.response_timeout, fut)
-            .await
-            .map_err(|_| {
-                Error::unavailable(
-                    NAME,
-                    format!("WAIT for replicas on {} did not answer", self.server),
-                )
-            })?
-            .map_err(|e| self.err(e, "WAIT for replicas", name, false))?;
+        let what = format!("WAIT for replicas on {}", self.server);
+        let asked = async {
+            self.conn
+                .cmd::<u32>(&cmd)
+                .await
+                .map_err(|e| map_err(e, "WAIT for replicas", &self.server, false))
+        };
+        let acked = within(
+            NAME,
+            &what,
+            sync.timeout + self.cfg.response_timeout,
+            false,
+            asked,
+        )
+        .await?;
         if acked < sync.count {
             return Err(Error::unavailable(
                 NAME,
@@ -105,8 +109,7 @@ impl RedisBackend {
                     "only {acked} of {} replicas confirmed the lock within {:?} on {}; the lock was released",
                     sync.count, sync.timeout, self.server
                 ),
-            )
-            .with_name(name));
+            ));
         }
         Ok(())
     }
@@ -152,6 +155,15 @@ impl Backend for RedisBackend {
             .inspect(true)
     }
 
+    /// One script sets the key if free and advances the fencing counter;
+    /// a waiter subscribes to the release channel, then tries again at each
+    /// wake-up, the holder's expiry or the fallback poll.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: each attempt is armed with a compare-and-delete by this
+    /// owner's token before it is sent, run in the background if the future
+    /// is dropped (or the attempt was cut off) while it may have applied.
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
         let keys = Keys::new(&self.cfg.prefix, req.name);
         let token = req.owner.to_string();
@@ -172,7 +184,7 @@ impl Backend for RedisBackend {
             let (won, value) = match r {
                 Ok(v) => v,
                 Err(e) => {
-                    let err = self.err(e, "acquire (SET NX PX)", req.name, true);
+                    let err = map_err(e, "acquire (SET NX PX)", &self.server, true);
                     if err.kind() != ErrorKind::Indeterminate {
                         cleanup.disarm();
                     }
@@ -181,7 +193,7 @@ impl Backend for RedisBackend {
             };
             if won == 1 {
                 if let Some(sync) = self.cfg.sync_replicas {
-                    if let Err(e) = self.sync_replicas(sync, req.name).await {
+                    if let Err(e) = self.sync_replicas(sync).await {
                         cleanup.run_now().await;
                         return Err(e);
                     }
@@ -194,12 +206,12 @@ impl Backend for RedisBackend {
                     )
                 })?;
                 return Ok(Some(Grant {
-                    lease: Box::new(RedisLease {
-                        conn: self.conn.clone(),
+                    lease: Box::new(RedisLease::new(
+                        self.conn.clone(),
                         keys,
                         token,
-                        server: self.server.clone(),
-                    }),
+                        self.server.clone(),
+                    )),
                     fence: Some(fence),
                     valid_until: validity_deadline(sent, req.ttl),
                 }));
@@ -217,70 +229,23 @@ impl Backend for RedisBackend {
         }
     }
 
+    /// The holder's token, its remaining ttl and the last fencing token
+    /// issued, in one script.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let keys = Keys::new(&self.cfg.prefix, name);
         let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = self
             .conn
             .script(&INSPECT, &[&keys.lock, &keys.fence], &[])
             .await
-            .map_err(|e| self.err(e, "inspect", name, false))?;
+            .map_err(|e| map_err(e, "inspect", &self.server, false))?;
         let holder = owner.map(|o| {
             let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
             HolderInfo::new(Some(o), fence, ttl)
         });
         Ok(Some(LockInfo::new(holder, None)))
-    }
-}
-
-async fn release(conn: Conn, keys: Keys, token: String) {
-    let r: redis::RedisResult<i64> = conn
-        .script(&RELEASE, &[&keys.lock], &[&token, &keys.channel])
-        .await;
-    if let Err(e) = r {
-        tracing::warn!(key = %keys.lock, error = %e, "cleanup compare-and-delete failed; the key ends by its ttl");
-    }
-}
-
-#[derive(Debug)]
-struct RedisLease {
-    conn: Conn,
-    keys: Keys,
-    token: String,
-    server: String,
-}
-
-#[async_trait]
-impl BackendLease for RedisLease {
-    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        let sent = Instant::now();
-        let r: i64 = self
-            .conn
-            .script(&RENEW, &[&self.keys.lock], &[&self.token, &ttl_ms(ttl)])
-            .await
-            .map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
-        Ok(if r == 1 {
-            Renewal::Renewed {
-                valid_until: validity_deadline(sent, ttl),
-            }
-        } else {
-            Renewal::Lost
-        })
-    }
-
-    async fn release(&self) -> Result<Released> {
-        let r: i64 = self
-            .conn
-            .script(
-                &RELEASE,
-                &[&self.keys.lock],
-                &[&self.token, &self.keys.channel],
-            )
-            .await
-            .map_err(|e| map_err(e, "release (compare-and-delete)", &self.server, true))?;
-        Ok(if r == 1 {
-            Released::Released
-        } else {
-            Released::NotHeld
-        })
     }
 }

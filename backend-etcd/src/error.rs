@@ -1,0 +1,49 @@
+//! The one place where the client library's errors become lockcore errors.
+
+use lockcore::{Error, ErrorKind};
+
+use crate::config::NAME;
+
+/// Maps a client error to the lockcore kind. `mutating`: the request may
+/// have created state, so a cut-off one is `Indeterminate`.
+pub(crate) fn map_err(e: etcd_client::Error, what: &str, servers: &str, mutating: bool) -> Error {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    let cut_off = if mutating {
+        ErrorKind::Indeterminate
+    } else {
+        ErrorKind::Unavailable
+    };
+    let (kind, hint) = match &e {
+        E::GRpcStatus(s) => match s.code() {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+                (cut_off, "is the cluster up and does it have a leader?")
+            }
+            // tonic reports a broken connection (an h2 or I/O error) as
+            // Unknown or Internal, with the transport error as source.
+            Code::Unknown | Code::Internal
+                if std::error::Error::source(s).is_some()
+                    || ["h2 protocol", "transport", "connection", "leader"]
+                        .iter()
+                        .any(|w| s.message().contains(w)) =>
+            {
+                (cut_off, "is the cluster up and does it have a leader?")
+            }
+            Code::Unauthenticated | Code::PermissionDenied => (
+                ErrorKind::InvalidConfig,
+                "check the user, password and the role's permissions on the key prefix",
+            ),
+            _ => (ErrorKind::Backend, "see the source error"),
+        },
+        E::TransportError(_) | E::IoError(_) => (cut_off, "is an etcd member listening there?"),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) | E::EndpointError(_) => {
+            (ErrorKind::InvalidConfig, "check the endpoints and options")
+        }
+        _ => (ErrorKind::Backend, "see the source error"),
+    };
+    Error::new(kind, NAME, format!("{what} on {servers}: {e} ({hint})")).with_source(e)
+}
+
+pub(crate) fn is_transient(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Indeterminate)
+}

@@ -1,0 +1,182 @@
+//! A held lock: its key, its lease and the key's create revision; renewal
+//! by keepalive and a read of the key, release by a compare-guarded delete.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use lockcore::backend::prelude::*;
+use lockcore::retry::Backoff;
+
+use crate::backend::EtcdBackend;
+use crate::config::NAME;
+use crate::error::{is_transient, map_err};
+
+impl EtcdBackend {
+    /// One keepalive of `lease`: `Ok(true)` renewed, `Ok(false)` the lease is
+    /// gone (the server answered ttl 0).
+    pub(crate) async fn keep_alive_once(&self, lease: i64, limit: Duration) -> Result<bool> {
+        let mut lc = self.inner.client.lease_client();
+        match tokio::time::timeout(limit, lc.keep_alive(lease)).await {
+            // Dropping the keeper and its stream ends that keepalive stream.
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
+            Ok(Err(e)) => Err(map_err(e, "renewing the lease", &self.inner.servers, false)),
+            Err(_) => Err(Error::unavailable(
+                NAME,
+                format!(
+                    "renewing the lease on {}: no answer within {limit:?}",
+                    self.inner.servers
+                ),
+            )),
+        }
+    }
+}
+
+/// Revokes `lease` (deleting its key), logging failures: the lease then ends
+/// by its ttl.
+pub(crate) async fn revoke(backend: EtcdBackend, lease: i64, limit: Duration) {
+    let mut lc = backend.inner.client.lease_client();
+    match tokio::time::timeout(limit, lc.revoke(lease)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(etcd_client::Error::GRpcStatus(s))) if s.code() == tonic::Code::NotFound => {}
+        Ok(Err(e)) => {
+            tracing::debug!(backend = NAME, lease, error = %e, "revoking a lease failed; it ends by its ttl")
+        }
+        Err(_) => {
+            tracing::debug!(
+                backend = NAME,
+                lease,
+                "revoking a lease timed out; it ends by its ttl"
+            )
+        }
+    }
+}
+
+/// One granted lock: its key, its lease and the key's create revision.
+pub(crate) struct EtcdLease {
+    pub(crate) backend: EtcdBackend,
+    pub(crate) name: String,
+    pub(crate) key: String,
+    pub(crate) lease: i64,
+    pub(crate) rev: i64,
+    pub(crate) ttl: Duration,
+}
+
+impl fmt::Debug for EtcdLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLease")
+            .field("key", &self.key)
+            .field("lease", &format_args!("{:x}", self.lease))
+            .field("revision", &self.rev)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl BackendLease for EtcdLease {
+    /// One keepalive of the lease and one read of the key, in parallel:
+    /// `Lost` when the lease is gone (ttl 0) or the key was deleted.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped renewal at most extended the lease.
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        if ttl > self.ttl {
+            return Err(Error::invalid_config(
+                NAME,
+                format!(
+                    "an etcd lease keeps the ttl it was granted with ({:?}); acquire with the longer ttl {ttl:?} instead",
+                    self.ttl
+                ),
+            ));
+        }
+        let b = &self.backend;
+        let limit = b.op_timeout(self.ttl);
+        let sent = Instant::now();
+        let mut kv = b.inner.client.kv_client();
+        let (alive, read) = tokio::join!(
+            b.keep_alive_once(self.lease, limit),
+            b.request(
+                limit,
+                "reading the lock key",
+                false,
+                kv.get(self.key.clone(), Some(GetOptions::new().with_keys_only()))
+            )
+        );
+        if !alive? {
+            return Ok(Renewal::Lost);
+        }
+        let still = read?
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == self.rev);
+        if !still {
+            return Ok(Renewal::Lost);
+        }
+        Ok(Renewal::Renewed {
+            valid_until: validity_deadline(sent, ttl),
+        })
+    }
+
+    /// Deletes the key if it is still this lock's (compare on its create
+    /// revision), then revokes the lease in the background.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may or may not have deleted the key; the lease then
+    /// ends by its ttl as if the holder had died.
+    async fn release(&self) -> Result<Released> {
+        let b = &self.backend;
+        let limit = b.op_timeout(self.ttl);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                self.rev,
+            )])
+            .and_then([TxnOp::delete(self.key.clone(), None)]);
+        let mut kv = b.inner.client.kv_client();
+        // The delete is compare-guarded, so retrying it is safe; retry a
+        // transient failure (no leader during an election) for a while.
+        // A request that reached a member while its leader died waits there
+        // for the next leader, so each try gets a third of the time.
+        let give_up = Instant::now() + limit;
+        let per_try = (limit / 3).max(Duration::from_millis(300));
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        let res = loop {
+            let res = b
+                .request(per_try, "deleting the lock key", false, kv.txn(txn.clone()))
+                .await;
+            match res {
+                Err(e) if is_transient(&e) => {
+                    let delay = backoff.next_delay();
+                    if Instant::now() + delay >= give_up {
+                        break Err(e);
+                    }
+                    tracing::debug!(backend = NAME, name = %self.name, error = %e, "deleting the lock key failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                other => break other,
+            }
+        };
+        spawn_cleanup(
+            "revoke the lease of a released etcd lock",
+            revoke(b.clone(), self.lease, limit),
+        );
+        Ok(if res?.succeeded() {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+
+    /// Nothing to stop: after the grant this lease is renewed only by the
+    /// guard's watchdog (which `abandon` stops), never in the background.
+    /// The key stays on the server until the lease's ttl runs out, exactly
+    /// as when the holding process dies; the handle's other locks, each on
+    /// its own lease, are not affected.
+    fn abandon(&self) {
+        tracing::debug!(backend = NAME, key = %self.key, "lease abandoned; it ends by its ttl");
+    }
+}

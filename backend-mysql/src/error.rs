@@ -1,0 +1,82 @@
+//! The one place where the driver's errors become lockcore errors, and the
+//! server's error numbers this backend reacts to.
+
+use std::time::Duration;
+
+use lockcore::{Error, ErrorKind};
+use sqlx::mysql::MySqlDatabaseError;
+
+use crate::config::NAME;
+
+/// MySQL/MariaDB error numbers this backend reacts to.
+pub(crate) mod code {
+    /// `ER_LOCK_WAIT_TIMEOUT`: the lock wait ran out (also MariaDB's `NOWAIT`).
+    pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
+    /// `ER_LOCK_NOWAIT` (MySQL 8): the row is locked and `NOWAIT` was given.
+    pub(crate) const LOCK_NOWAIT: u16 = 3572;
+    /// `ER_QUERY_INTERRUPTED`: `KILL QUERY` ended the statement.
+    pub(crate) const QUERY_INTERRUPTED: u16 = 1317;
+    /// `ER_DUP_ENTRY`.
+    pub(crate) const DUP_ENTRY: u16 = 1062;
+    /// `ER_ACCESS_DENIED_ERROR`.
+    pub(crate) const ACCESS_DENIED: u16 = 1045;
+    /// `ER_DBACCESS_DENIED_ERROR`.
+    pub(crate) const DB_ACCESS_DENIED: u16 = 1044;
+    /// `ER_BAD_DB_ERROR`.
+    pub(crate) const BAD_DB: u16 = 1049;
+    /// `ER_NO_SUCH_TABLE`.
+    pub(crate) const NO_SUCH_TABLE: u16 = 1146;
+    /// `ER_CONNECTION_KILLED` (MariaDB): this session was killed.
+    pub(crate) const CONNECTION_KILLED: u16 = 1927;
+    /// `ER_SERVER_SHUTDOWN`: the server is shutting down.
+    pub(crate) const SERVER_SHUTDOWN: u16 = 1053;
+    /// `ER_CON_COUNT_ERROR`: too many connections.
+    pub(crate) const TOO_MANY_CONNECTIONS: u16 = 1040;
+    /// `ER_NO_SUCH_THREAD`: `KILL` of a session that is already gone.
+    pub(crate) const NO_SUCH_THREAD: u16 = 1094;
+}
+
+/// The MySQL error number of `e`, if the server sent one.
+pub(crate) fn db_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()?
+        .try_downcast_ref::<MySqlDatabaseError>()
+        .map(MySqlDatabaseError::number)
+}
+
+/// Maps a driver error to a lockcore error; `what` says what was tried.
+pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
+    let kind = match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => ErrorKind::Unavailable,
+        sqlx::Error::Configuration(_) => ErrorKind::InvalidConfig,
+        sqlx::Error::Database(_) => match db_number(&e) {
+            Some(
+                code::ACCESS_DENIED | code::DB_ACCESS_DENIED | code::BAD_DB | code::NO_SUCH_TABLE,
+            ) => ErrorKind::InvalidConfig,
+            Some(code::CONNECTION_KILLED | code::SERVER_SHUTDOWN | code::TOO_MANY_CONNECTIONS) => {
+                ErrorKind::Unavailable
+            }
+            _ => ErrorKind::Backend,
+        },
+        _ => ErrorKind::Backend,
+    };
+    let hint = match kind {
+        ErrorKind::Unavailable => "; is the server up and reachable?",
+        ErrorKind::InvalidConfig => {
+            "; check the credentials, the database and the table (ensure_schema creates it)"
+        }
+        _ => "",
+    };
+    Error::new(kind, NAME, format!("{what} on {server}: {e}{hint}")).with_source(e)
+}
+
+pub(crate) fn timed_out(what: &str, server: &str, after: Duration) -> Error {
+    Error::unavailable(
+        NAME,
+        format!("{what} on {server} did not answer within {after:?}"),
+    )
+}

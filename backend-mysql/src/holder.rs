@@ -1,0 +1,160 @@
+//! Finding, and ending, the session that holds a name, as an operator
+//! would, checked against the server's lock-wait graph.
+
+use std::time::{Duration, Instant};
+
+use lockcore::{Deadline, Error, Result};
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::backend::MysqlBackend;
+use crate::config::NAME;
+use crate::error::{db_number, map_err, timed_out};
+use crate::holding::Holding;
+use crate::sql::waits;
+
+impl MysqlBackend {
+    /// The server connection id (`CONNECTION_ID()`) of the session holding
+    /// `name`, if the name is held: what an operator passes to `KILL` to end
+    /// the lock.
+    ///
+    /// Each holder records its connection id in the fencing row while it
+    /// holds; but a connection that released the name may hold another one
+    /// by now. So the recorded id counts only if the server itself shows it
+    /// holding this name's row: a probe transaction asks for the row lock,
+    /// and the server's lock-wait graph (`information_schema.INNODB_LOCK_WAITS`
+    /// on MariaDB, `performance_schema.data_lock_waits` on MySQL 8) must show
+    /// the recorded connection blocking it. Needs the `PROCESS` privilege.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unavailable`](lockcore::ErrorKind::Unavailable) when the
+    /// server does not answer, [`ErrorKind::InvalidConfig`](lockcore::ErrorKind::InvalidConfig)
+    /// without the `PROCESS` privilege.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (the probe's connection is closed, and its
+    /// wait ended, when it is dropped).
+    pub async fn holder_connection(&self, name: &str) -> Result<Option<u64>> {
+        let mut probe = Holding::new(
+            self.own_conn(self.shared.cfg.connect_timeout).await?,
+            self.shared.clone(),
+        );
+        self.verified_holder(&mut probe, name).await
+    }
+
+    /// Ends the lock on `name` as an operator would: `KILL` of the holding
+    /// session (its transaction rolls back, the next waiter gets the row).
+    /// Returns whether a holder was found. Only the session the server shows
+    /// holding this name's row is killed (see
+    /// [`holder_connection`](MysqlBackend::holder_connection)).
+    ///
+    /// # Errors
+    ///
+    /// As [`holder_connection`](MysqlBackend::holder_connection), and when the
+    /// `KILL` is refused (it needs the `CONNECTION ADMIN` privilege for other
+    /// users' sessions).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may or may not have killed the holder.
+    pub async fn kill_holder(&self, name: &str) -> Result<bool> {
+        let mut probe = Holding::new(
+            self.own_conn(self.shared.cfg.connect_timeout).await?,
+            self.shared.clone(),
+        );
+        match self.verified_holder(&mut probe, name).await? {
+            Some(id) => {
+                self.shared.kill(id, false).await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The recorded holder of `name`, if the server shows it blocking
+    /// `probe`'s request for the row (see `holder_connection`).
+    async fn verified_holder(&self, probe: &mut Holding, name: &str) -> Result<Option<u64>> {
+        let sh = self.shared.clone();
+        self.begin(probe, 60, 3).await?;
+        let probe_id = probe.id.unwrap_or_default();
+        if self.lock_row(probe, name, Deadline::Now).await?.is_some() {
+            // Free (or no such row): nobody holds it.
+            return Ok(None);
+        }
+        // Held: wait for the row in the background, so that the server lists
+        // the wait and who blocks it.
+        let fut = sqlx::query(AssertSqlSafe(sh.sql.lock_wait.clone()))
+            .bind(name.as_bytes().to_vec())
+            .fetch_optional(probe.conn()?);
+        let verdict = async {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                // MariaDB refreshes its lock tables only after 100 ms
+                // without a read: a quicker read sees an old snapshot.
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let recorded = self.recorded_holder(name).await?;
+                let blockers = self.blockers_of(probe_id).await?;
+                if let Some(id) = recorded.filter(|id| blockers.contains(id)) {
+                    return Ok(Some(id));
+                }
+                if Instant::now() >= deadline {
+                    // Held, but not by the recorded session (a new holder
+                    // that has not recorded itself yet): nothing to kill.
+                    return Ok(None);
+                }
+            }
+        };
+        tokio::select! {
+            // The row came free meanwhile (or the wait ended).
+            _ = fut => Ok(None),
+            v = verdict => v,
+        }
+        // Dropping the probe (dirty) closes it and ends its wait.
+    }
+
+    /// The connection id recorded in the fencing row of `name`.
+    async fn recorded_holder(&self, name: &str) -> Result<Option<u64>> {
+        let sh = &self.shared;
+        let q = sqlx::query(AssertSqlSafe(sh.sql.holder.clone()))
+            .bind(name.as_bytes())
+            .fetch_optional(&sh.aux);
+        let row = tokio::time::timeout(sh.cfg.request_timeout, q)
+            .await
+            .map_err(|_| timed_out("reading the holder", &sh.server, sh.cfg.request_timeout))?
+            .map_err(|e| map_err(e, "reading the holder", &sh.server))?;
+        Ok(row.and_then(|r| r.try_get::<Option<u64>, _>(0).ok().flatten()))
+    }
+
+    /// The connection ids whose transactions block `waiter`'s lock request,
+    /// from the server's lock-wait graph.
+    async fn blockers_of(&self, waiter: u64) -> Result<Vec<u64>> {
+        let sh = &self.shared;
+        let mut last = None;
+        for sql in [waits::BLOCKERS_MARIADB, waits::BLOCKERS_MYSQL8] {
+            let q = sqlx::query(sql).bind(waiter).fetch_all(&sh.aux);
+            match tokio::time::timeout(sh.cfg.request_timeout, q).await {
+                Err(_) => {
+                    return Err(timed_out(
+                        "reading the lock waits",
+                        &sh.server,
+                        sh.cfg.request_timeout,
+                    ))
+                }
+                Ok(Ok(rows)) => {
+                    return Ok(rows
+                        .iter()
+                        .filter_map(|r| r.try_get::<u64, _>(0).ok())
+                        .collect())
+                }
+                // This server has the other table.
+                Ok(Err(e)) if db_number(&e).is_some() => last = Some(e),
+                Ok(Err(e)) => return Err(map_err(e, "reading the lock waits", &sh.server)),
+            }
+        }
+        Err(match last {
+            Some(e) => map_err(e, "reading the lock waits", &sh.server),
+            None => Error::backend_error(NAME, "no lock-wait table"),
+        })
+    }
+}

@@ -1,0 +1,136 @@
+//! A held row lock: the open transaction on its connection, kept alive and
+//! checked by a `SELECT 1`, released by `ROLLBACK`.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::backend::prelude::*;
+use sqlx::AssertSqlSafe;
+
+use crate::backend::Shared;
+use crate::config::NAME;
+use crate::holding::Holding;
+
+/// A held row lock: the open transaction on its pinned connection.
+pub(crate) struct MysqlLease {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) name: String,
+    pub(crate) conn_id: u64,
+    pub(crate) ttl_secs: AtomicU64,
+    pub(crate) lost: CancellationToken,
+    pub(crate) conn: Arc<tokio::sync::Mutex<Option<Holding>>>,
+}
+
+impl fmt::Debug for MysqlLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlLease")
+            .field("name", &self.name)
+            .field("conn_id", &self.conn_id)
+            .field("ttl_secs", &self.ttl_secs.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlLease {
+    /// The connection broke or did not answer: close it, raise lost.
+    fn broken(&self, slot: &mut Option<Holding>, why: &str) {
+        tracing::warn!(name = %self.name, conn_id = self.conn_id, why, "the connection holding a row lock is gone");
+        drop(slot.take()); // dirty: closes the socket and KILLs the thread
+        self.lost.cancel();
+    }
+}
+
+#[async_trait]
+impl BackendLease for MysqlLease {
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        let mut slot = self.conn.lock().await;
+        let Some(h) = slot.as_mut() else {
+            return Ok(Renewal::Lost);
+        };
+        let secs = whole_seconds(ttl);
+        let limit = self.shared.cfg.request_timeout.min(ttl);
+        let sent = Instant::now();
+        let conn = h.conn()?;
+        let res = if secs == self.ttl_secs.load(Ordering::Relaxed) {
+            tokio::time::timeout(limit, sqlx::query("SELECT 1").fetch_one(conn))
+                .await
+                .map(|r| r.map(drop))
+        } else {
+            let sql = format!("SET SESSION wait_timeout = {secs}");
+            tokio::time::timeout(limit, sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn))
+                .await
+                .map(|r| r.map(drop))
+        };
+        match res {
+            Ok(Ok(())) => {
+                self.ttl_secs.store(secs, Ordering::Relaxed);
+                Ok(Renewal::Renewed {
+                    valid_until: validity_deadline(sent, ttl),
+                })
+            }
+            Ok(Err(e)) => {
+                self.broken(&mut slot, &e.to_string());
+                Ok(Renewal::Lost)
+            }
+            Err(_) => {
+                self.broken(&mut slot, "the keepalive did not answer in time");
+                Ok(Renewal::Lost)
+            }
+        }
+    }
+
+    async fn release(&self) -> Result<Released> {
+        let mut slot = self.conn.lock().await;
+        let Some(mut h) = slot.take() else {
+            return Ok(Released::NotHeld);
+        };
+        drop(slot);
+        let rt = self.shared.cfg.request_timeout;
+        let fut = sqlx::raw_sql("ROLLBACK; SET SESSION wait_timeout = DEFAULT").execute(h.conn()?);
+        match tokio::time::timeout(rt, fut).await {
+            Ok(Ok(_)) => {
+                h.dirty = false; // back to the pool
+                Ok(Released::Released)
+            }
+            Ok(Err(e)) => {
+                // The connection was gone (killed, timed out by the server):
+                // the server had already rolled the transaction back.
+                tracing::debug!(name = %self.name, error = %e, "release found the holding connection gone");
+                self.lost.cancel();
+                Ok(Released::NotHeld)
+            }
+            Err(_) => Err(Error::new(
+                ErrorKind::Indeterminate,
+                NAME,
+                format!(
+                    "ROLLBACK on {} did not answer within {rt:?}; the connection was closed and its thread killed, so the row is freed when the server notices",
+                    self.shared.server
+                ),
+            )),
+        }
+    }
+
+    fn abandon(&self) {
+        // As a dead process: the socket closes without COMMIT or ROLLBACK,
+        // no KILL; the server rolls back when it sees the connection end.
+        fn drop_it(slot: &mut Option<Holding>) {
+            if let Some(mut h) = slot.take() {
+                h.kill_on_drop = false;
+                drop(h);
+            }
+        }
+        match self.conn.try_lock() {
+            Ok(mut slot) => drop_it(&mut slot),
+            Err(_) => {
+                // A renewal is in flight (its task is being aborted): close
+                // the connection as soon as it lets go.
+                let conn = self.conn.clone();
+                spawn_cleanup("close an abandoned lock connection", async move {
+                    drop_it(&mut *conn.lock().await);
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The statements, built once per backend (table names are checked
+//! identifiers, quoted; lock names are always bound parameters), and the
+//! schema.
+
+use std::sync::Arc;
+
+use lockcore::{Error, Result};
+
+use crate::config::{check_table, NAME};
+
+/// Every lock connection's session: no gap locks on a missing row, and no
+/// shared locks for the existence check of a new name.
+pub(crate) const SESSION_SETUP: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// How long one server-side lock wait lasts when waiting forever; the wait
+/// is renewed after each, so a silent server is noticed.
+pub(crate) const FOREVER_CHUNK_SECS: u64 = 30;
+
+/// Statements that name no table of ours.
+pub(crate) mod waits {
+    /// The connection ids holding a lock that blocks a waiter's request, not
+    /// waiting themselves (MariaDB, and MySQL before 8): the holders, not
+    /// the waiters queued ahead.
+    pub(crate) const BLOCKERS_MARIADB: &str = "SELECT CAST(b.trx_mysql_thread_id AS UNSIGNED) \
+         FROM information_schema.INNODB_LOCK_WAITS w \
+         JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id \
+         JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id \
+         WHERE r.trx_mysql_thread_id = ? AND b.trx_state <> 'LOCK WAIT'";
+    /// The same on MySQL 8 (holders whose lock is granted).
+    pub(crate) const BLOCKERS_MYSQL8: &str = "SELECT CAST(b.trx_mysql_thread_id AS UNSIGNED) \
+         FROM performance_schema.data_lock_waits w \
+         JOIN performance_schema.data_locks l ON l.ENGINE_LOCK_ID = w.BLOCKING_ENGINE_LOCK_ID \
+         JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID \
+         JOIN information_schema.INNODB_TRX r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID \
+         WHERE r.trx_mysql_thread_id = ? AND l.LOCK_STATUS = 'GRANTED'";
+}
+
+/// The statements, built once per backend (the table names are checked
+/// identifiers, quoted; lock names are always bound parameters).
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) lock_nowait: Arc<str>,
+    pub(crate) lock_wait: Arc<str>,
+    pub(crate) insert_row: Arc<str>,
+    pub(crate) fence: Arc<str>,
+    pub(crate) holder: Arc<str>,
+}
+
+impl Sql {
+    pub(crate) fn new(table: &str, fence: &str) -> Self {
+        Sql {
+            lock_nowait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? FOR UPDATE NOWAIT")
+                .into(),
+            lock_wait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? FOR UPDATE").into(),
+            insert_row: format!(
+                "INSERT INTO `{table}` (`name`) SELECT ? FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM `{table}` WHERE `name` = ?)"
+            )
+            .into(),
+            fence: format!(
+                "INSERT INTO `{fence}` (`name`, `fence`, `holder_conn`, `owner`) VALUES (?, LAST_INSERT_ID(1), ?, ?) \
+                 ON DUPLICATE KEY UPDATE `fence` = LAST_INSERT_ID(`fence` + 1), `holder_conn` = VALUES(`holder_conn`), `owner` = VALUES(`owner`)"
+            )
+            .into(),
+            holder: format!("SELECT `holder_conn` FROM `{fence}` WHERE `name` = ?").into(),
+        }
+    }
+}
+
+/// The `CREATE TABLE` statements of the lock table `table` and its fencing
+/// counter table `<table>_fence`, for migrations.
+///
+/// Names are `VARBINARY(256)` primary keys, so they compare byte for byte
+/// (`A` and `a`, `x` and `x `, are different names) and a `FOR UPDATE` on one
+/// name locks exactly one index record.
+///
+/// ```
+/// let ddl = lockcore_mysql::schema_sql("lockcore_locks").unwrap();
+/// assert!(ddl[0].contains("VARBINARY(256)"));
+/// assert!(ddl[1].contains("`lockcore_locks_fence`"));
+/// ```
+///
+/// # Errors
+///
+/// [`lockcore::ErrorKind::InvalidConfig`] for a table name that is not a
+/// plain identifier.
+pub fn schema_sql(table: &str) -> Result<[String; 2]> {
+    check_table(table)
+        .map_err(|why| Error::invalid_config(NAME, format!("table name {table:?}: {why}")))?;
+    Ok([
+        format!(
+            "CREATE TABLE IF NOT EXISTS `{table}` (\n  `name` VARBINARY(256) NOT NULL,\n  PRIMARY KEY (`name`)\n) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS `{table}_fence` (\n  `name` VARBINARY(256) NOT NULL,\n  `fence` BIGINT UNSIGNED NOT NULL,\n  `holder_conn` BIGINT UNSIGNED NULL,\n  `owner` CHAR(32) NULL,\n  PRIMARY KEY (`name`)\n) ENGINE=InnoDB"
+        ),
+    ])
+}

@@ -1,0 +1,300 @@
+//! The statements of a holding transaction: start it, lock the row (and
+//! create it on first use), advance the fencing counter, prove the
+//! transaction alive, end it.
+
+use std::time::{Duration, Instant};
+
+use lockcore::backend::prelude::*;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::backend::MysqlBackend;
+use crate::config::NAME;
+use crate::error::{code, db_number, map_err, timed_out};
+use crate::holding::{Holding, LockConn};
+use crate::sql::FOREVER_CHUNK_SECS;
+
+impl MysqlBackend {
+    /// A connection with the holding transaction started; an idle pooled
+    /// connection that died with a server restart (the pool hands it out
+    /// untested) is replaced once.
+    pub(crate) async fn open_transaction(
+        &self,
+        ttl_secs: u64,
+        lock_wait_secs: u64,
+    ) -> Result<Holding> {
+        let sh = &self.shared;
+        let conn = self.lock_conn().await?;
+        let pooled = matches!(conn, LockConn::Pooled(_));
+        let mut h = Holding::new(conn, sh.clone());
+        match self.begin(&mut h, ttl_secs, lock_wait_secs).await {
+            Ok(()) => Ok(h),
+            Err(e) if pooled && e.kind() == ErrorKind::Unavailable => {
+                tracing::debug!(error = %e, "an idle pooled connection was dead; opening a new one");
+                drop(h);
+                let mut h = Holding::new(self.own_conn(sh.cfg.connect_timeout).await?, sh.clone());
+                self.begin(&mut h, ttl_secs, lock_wait_secs).await?;
+                Ok(h)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Locks the row of `name` on `h`'s transaction within `deadline`
+    /// (creating the row on first use); false when the deadline passed.
+    pub(crate) async fn wait_for_row(
+        &self,
+        h: &mut Holding,
+        name: &str,
+        deadline: Deadline,
+        first_wait: u64,
+    ) -> Result<bool> {
+        let mut wait_set = first_wait;
+        let mut created = false;
+        loop {
+            if let Deadline::At(t) = deadline {
+                let left = t.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                let want = left.as_secs().max(1);
+                if want != wait_set {
+                    self.exec_raw(
+                        h,
+                        format!("SET SESSION innodb_lock_wait_timeout = {want}"),
+                        "setting the lock wait",
+                    )
+                    .await?;
+                    wait_set = want;
+                }
+            }
+            match self.lock_row(h, name, deadline).await? {
+                Some(true) => return Ok(true),
+                Some(false) if !created => {
+                    self.create_row(h, name).await?;
+                    created = true;
+                }
+                Some(false) => {
+                    return Err(Error::backend_error(
+                        NAME,
+                        format!(
+                            "the lock row vanished right after it was created in `{}`; is something deleting rows?",
+                            self.shared.cfg.table
+                        ),
+                    ))
+                }
+                None if matches!(deadline, Deadline::Now) => return Ok(false),
+                None => {} // the lock wait ran out: go on waiting
+            }
+        }
+    }
+
+    /// One round trip on the holding transaction: it is alive.
+    pub(crate) async fn prove_alive(&self, h: &mut Holding) -> Result<()> {
+        let sh = &self.shared;
+        let fut = sqlx::query("SELECT 1").fetch_one(h.conn()?);
+        match tokio::time::timeout(sh.cfg.request_timeout, fut).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(Error::new(
+                ErrorKind::Unavailable,
+                NAME,
+                format!(
+                    "the holding connection to {} broke right after the lock was taken; it was not granted: {e}",
+                    sh.server
+                ),
+            )
+            .with_source(e)),
+            Err(_) => Err(timed_out(
+                "checking the holding connection",
+                &sh.server,
+                sh.cfg.request_timeout,
+            )),
+        }
+    }
+
+    /// Starts the holding transaction: sets the session's idle timeout from
+    /// the ttl and its lock wait timeout, and learns the connection id.
+    pub(crate) async fn begin(
+        &self,
+        h: &mut Holding,
+        ttl_secs: u64,
+        lock_wait_secs: u64,
+    ) -> Result<()> {
+        let sh = self.shared.clone();
+        let sql = format!(
+            "SET SESSION wait_timeout = {ttl_secs}, innodb_lock_wait_timeout = {lock_wait_secs}; START TRANSACTION; SELECT CAST(CONNECTION_ID() AS UNSIGNED)"
+        );
+        h.dirty = true;
+        let fut = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(h.conn()?);
+        let rows = tokio::time::timeout(sh.cfg.request_timeout, fut)
+            .await
+            .map_err(|_| {
+                timed_out(
+                    "starting the lock transaction",
+                    &sh.server,
+                    sh.cfg.request_timeout,
+                )
+            })?
+            .map_err(|e| map_err(e, "starting the lock transaction", &sh.server))?;
+        let id = rows
+            .last()
+            .map(|r| r.try_get::<u64, _>(0))
+            .transpose()
+            .map_err(|e| map_err(e, "reading the connection id", &sh.server))?
+            .ok_or_else(|| Error::backend_error(NAME, "CONNECTION_ID() returned no row"))?;
+        h.id = Some(id);
+        Ok(())
+    }
+
+    /// Runs a short statement on the holding connection.
+    pub(crate) async fn exec_raw(&self, h: &mut Holding, sql: String, what: &str) -> Result<()> {
+        let sh = &self.shared;
+        let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(h.conn()?);
+        tokio::time::timeout(sh.cfg.request_timeout, fut)
+            .await
+            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
+            .map_err(|e| map_err(e, what, &sh.server))?;
+        Ok(())
+    }
+
+    /// Ends the transaction and hands the connection back to the pool.
+    pub(crate) async fn give_back(&self, mut h: Holding) -> Result<()> {
+        self.exec_raw(
+            &mut h,
+            "ROLLBACK; SET SESSION wait_timeout = DEFAULT".to_owned(),
+            "rolling back",
+        )
+        .await?;
+        h.dirty = false;
+        Ok(())
+    }
+
+    /// One locking read on the held transaction. `Ok(Some(true))`: locked;
+    /// `Ok(Some(false))`: the row does not exist; `Ok(None)`: held by another
+    /// (the wait or `NOWAIT` ended).
+    pub(crate) async fn lock_row(
+        &self,
+        h: &mut Holding,
+        name: &str,
+        deadline: Deadline,
+    ) -> Result<Option<bool>> {
+        let sh = self.shared.clone();
+        let what = "locking the row";
+        let held_err = |e: &sqlx::Error| {
+            matches!(
+                db_number(e),
+                Some(code::LOCK_WAIT_TIMEOUT | code::LOCK_NOWAIT | code::QUERY_INTERRUPTED)
+            )
+        };
+        let (sql, client_limit, cut_at) = match deadline {
+            Deadline::Now => (sh.sql.lock_nowait.clone(), sh.cfg.request_timeout, None),
+            Deadline::At(t) => {
+                let secs = t.saturating_duration_since(Instant::now()).as_secs();
+                if secs >= 1 {
+                    // The server's own lock wait for the whole seconds.
+                    (
+                        sh.sql.lock_wait.clone(),
+                        Duration::from_secs(secs) + sh.cfg.request_timeout,
+                        None,
+                    )
+                } else {
+                    // The sub-second rest: wait up to 1 s on the server and
+                    // cut the wait at the deadline with KILL QUERY.
+                    (
+                        sh.sql.lock_wait.clone(),
+                        Duration::from_secs(1) + sh.cfg.request_timeout,
+                        Some(t),
+                    )
+                }
+            }
+            Deadline::Never => (
+                sh.sql.lock_wait.clone(),
+                Duration::from_secs(FOREVER_CHUNK_SECS) + sh.cfg.request_timeout,
+                None,
+            ),
+        };
+        let id = h.id;
+        let fut = sqlx::query(AssertSqlSafe(sql))
+            .bind(name.as_bytes())
+            .fetch_optional(h.conn()?);
+        let fut = tokio::time::timeout(client_limit, fut);
+        tokio::pin!(fut);
+        let res = match cut_at {
+            None => fut.await,
+            Some(t) => {
+                tokio::select! {
+                    r = &mut fut => r,
+                    () = tokio::time::sleep_until(t.into()) => {
+                        if let Some(id) = id {
+                            sh.kill(id, true).await?;
+                        }
+                        fut.await
+                    }
+                }
+            }
+        };
+        match res {
+            Err(_) => Err(timed_out(what, &sh.server, client_limit)),
+            Ok(Ok(row)) => Ok(Some(row.is_some())),
+            Ok(Err(e)) if held_err(&e) => Ok(None),
+            Ok(Err(e)) => Err(map_err(e, what, &sh.server)),
+        }
+    }
+
+    /// Creates the row of `name` outside the holding transaction, then
+    /// starts a new one.
+    pub(crate) async fn create_row(&self, h: &mut Holding, name: &str) -> Result<()> {
+        let sh = self.shared.clone();
+        self.exec_raw(h, "ROLLBACK".to_owned(), "rolling back")
+            .await?;
+        let fut = sqlx::query(AssertSqlSafe(sh.sql.insert_row.clone()))
+            .bind(name.as_bytes())
+            .bind(name.as_bytes())
+            .execute(h.conn()?);
+        match tokio::time::timeout(sh.cfg.request_timeout, fut).await {
+            Err(_) => {
+                return Err(timed_out(
+                    "creating the lock row",
+                    &sh.server,
+                    sh.cfg.request_timeout,
+                ))
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if db_number(&e) == Some(code::DUP_ENTRY) => {}
+            Ok(Err(e)) => return Err(map_err(e, "creating the lock row", &sh.server)),
+        }
+        self.exec_raw(
+            h,
+            "START TRANSACTION".to_owned(),
+            "starting the lock transaction",
+        )
+        .await
+    }
+
+    /// Advances the name's fencing counter in its own autocommit statement on
+    /// another connection, recording the holder's connection id and owner.
+    pub(crate) async fn next_fence(&self, name: &str, conn_id: u64, owner: String) -> Result<u64> {
+        let sh = &self.shared;
+        let fut = sqlx::query(AssertSqlSafe(sh.sql.fence.clone()))
+            .bind(name.as_bytes())
+            .bind(conn_id)
+            .bind(owner)
+            .execute(&sh.aux);
+        let done = tokio::time::timeout(sh.cfg.request_timeout, fut)
+            .await
+            .map_err(|_| {
+                timed_out(
+                    "advancing the fencing counter",
+                    &sh.server,
+                    sh.cfg.request_timeout,
+                )
+            })?
+            .map_err(|e| map_err(e, "advancing the fencing counter", &sh.server))?;
+        match done.last_insert_id() {
+            0 => Err(Error::backend_error(
+                NAME,
+                "the fencing counter statement returned no value",
+            )),
+            f => Ok(f),
+        }
+    }
+}

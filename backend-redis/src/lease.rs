@@ -1,0 +1,88 @@
+//! A held lock on one instance or a cluster: owner-checked renew and
+//! release by script.
+
+use std::time::{Duration, Instant};
+
+use lockcore::backend::prelude::*;
+
+use crate::conn::Conn;
+use crate::error::map_err;
+use crate::scripts::{ttl_ms, Keys, RELEASE, RENEW};
+
+/// Compare-and-delete with `token`, and a wake-up on the release channel:
+/// the cleanup of an acquisition that may have applied.
+pub(crate) async fn release(conn: Conn, keys: Keys, token: String) {
+    let r: redis::RedisResult<i64> = conn
+        .script(&RELEASE, &[&keys.lock], &[&token, &keys.channel])
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(key = %keys.lock, error = %e, "cleanup compare-and-delete failed; the key ends by its ttl");
+    }
+}
+
+/// One held lock: its keys and its owner token.
+#[derive(Debug)]
+pub(crate) struct RedisLease {
+    conn: Conn,
+    keys: Keys,
+    token: String,
+    server: String,
+}
+
+impl RedisLease {
+    pub(crate) fn new(conn: Conn, keys: Keys, token: String, server: String) -> Self {
+        RedisLease {
+            conn,
+            keys,
+            token,
+            server,
+        }
+    }
+}
+
+#[async_trait]
+impl BackendLease for RedisLease {
+    /// `PEXPIRE` only if the key still holds this owner's token.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped renewal at most extended the lease.
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        let sent = Instant::now();
+        let r: i64 = self
+            .conn
+            .script(&RENEW, &[&self.keys.lock], &[&self.token, &ttl_ms(ttl)])
+            .await
+            .map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
+        Ok(if r == 1 {
+            Renewal::Renewed {
+                valid_until: validity_deadline(sent, ttl),
+            }
+        } else {
+            Renewal::Lost
+        })
+    }
+
+    /// Compare-and-delete, then a wake-up on the release channel.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may or may not have deleted the key; it then ends
+    /// by its ttl.
+    async fn release(&self) -> Result<Released> {
+        let r: i64 = self
+            .conn
+            .script(
+                &RELEASE,
+                &[&self.keys.lock],
+                &[&self.token, &self.keys.channel],
+            )
+            .await
+            .map_err(|e| map_err(e, "release (compare-and-delete)", &self.server, true))?;
+        Ok(if r == 1 {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+}

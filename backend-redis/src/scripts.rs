@@ -1,0 +1,96 @@
+//! The Lua scripts of the lock recipe and the keys a lock name maps to.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+/// `SET lock token NX PX ttl`, and on success `INCR` of the fencing counter
+/// in the same slot. Returns `{1, fence}` or `{0, pttl of the holder}`.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}",
+    )
+});
+
+/// `SET lock token NX PX ttl` alone (RedLock: no counter). `{1, 0}` or `{0, pttl}`.
+pub(crate) static ACQUIRE_PLAIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}",
+    )
+});
+
+/// `PEXPIRE` only if the key still holds this owner's token. 1 or 0.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0",
+    )
+});
+
+/// Compare-and-delete, then a wake-up on the release channel. 1 or 0.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
+end
+return 0",
+    )
+});
+
+/// Holder token, its pttl, and the last fencing token issued.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}",
+    )
+});
+
+/// The Redis keys of one lock name.
+///
+/// A name maps to `<prefix>{<name>}` (the lock key, holding the owner token
+/// as a plain string with a PX expiry), `<prefix>{<name>}:fence` (the fencing
+/// counter) and the pub/sub channel `<prefix>{<name>}:released`. The braces
+/// are a hash tag: both keys live in one cluster slot whatever the name.
+///
+/// A name that starts with `}` would give an empty hash tag (`{}`), which
+/// Redis Cluster ignores, hashing each whole key to its own slot; such names
+/// map to `<prefix>#{<name in hex>}` instead (and its `:fence`,
+/// `:released`). No other name maps there: every other key has `{` right
+/// after the prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let lock = if name.starts_with('}') {
+            let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+            format!("{prefix}#{{{hex}}}")
+        } else {
+            format!("{prefix}{{{name}}}")
+        };
+        Keys {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+/// ttl in whole milliseconds, as a string argument.
+pub(crate) fn ttl_ms(ttl: Duration) -> String {
+    ttl.as_millis().to_string()
+}

@@ -1,0 +1,236 @@
+//! A held lock: our node on our session, watched so that the lost signal
+//! fires when the session ends or the node is deleted by someone else.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::backend::prelude::*;
+
+use crate::backend::check_ttl;
+use crate::error::{is_session_end, map_err};
+use crate::nodes::{delete_node, delete_ours, AbortOnDrop};
+use crate::session::Session;
+
+/// Flags shared by a lease and its watch task.
+#[derive(Debug, Default)]
+struct Flags {
+    released: AtomicBool,
+    abandoned: AtomicBool,
+    gone: AtomicBool,
+}
+
+/// One held lock: our node on our session.
+pub(crate) struct ZkLease {
+    session: Arc<Session>,
+    /// The lock's parent node and our nodes' name prefix (our uuid).
+    parent: String,
+    prefix: String,
+    path: String,
+    flags: Arc<Flags>,
+    task: tokio::task::AbortHandle,
+}
+
+impl fmt::Debug for ZkLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLease")
+            .field("path", &self.path)
+            .field("session", &format_args!("{:#x}", self.session.id))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkLease {
+    pub(crate) fn new(
+        session: Arc<Session>,
+        parent: String,
+        prefix: String,
+        path: String,
+        lost: CancellationToken,
+    ) -> Self {
+        let flags = Arc::new(Flags::default());
+        let task = tokio::spawn(watch_lease(
+            session.clone(),
+            path.clone(),
+            lost,
+            flags.clone(),
+        ))
+        .abort_handle();
+        ZkLease {
+            session,
+            parent,
+            prefix,
+            path,
+            flags,
+            task,
+        }
+    }
+}
+
+/// Raises the lost signal when the session ends or our node is deleted by
+/// someone else; deletes our node when the lease is lost on the client side
+/// (validity deadline passed), so the next waiter gets it.
+async fn watch_lease(
+    session: Arc<Session>,
+    path: String,
+    lost: CancellationToken,
+    flags: Arc<Flags>,
+) {
+    loop {
+        let watched = session
+            .call(|c| {
+                let path = path.as_str();
+                async move { c.check_and_watch_stat(path).await }
+            })
+            .await;
+        let watcher = match watched {
+            Ok((Some(_), w)) => Some(w),
+            Ok((None, _)) => {
+                flags.gone.store(true, Ordering::SeqCst);
+                if !flags.released.load(Ordering::SeqCst) {
+                    tracing::warn!(node = %path, "our lock node was deleted by someone else");
+                    lost.cancel();
+                }
+                return;
+            }
+            Err(e) if is_session_end(&e) || session.is_dead() => None,
+            Err(_) => {
+                // No answer within the request timeout, the session still
+                // alive: look again (the monitor ends the session once it
+                // has been disconnected for about its timeout).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some(watcher) = watcher else {
+            lost.cancel();
+            return;
+        };
+        let mut event = AbortOnDrop(tokio::spawn(watcher.changed()));
+        tokio::select! {
+            _ = &mut event.0 => continue,
+            _ = session.dead() => {
+                lost.cancel();
+                return;
+            }
+            _ = lost.cancelled() => {
+                if !flags.abandoned.load(Ordering::SeqCst) && !flags.released.load(Ordering::SeqCst) {
+                    // Lost on the client's clock: free the name on the server.
+                    if let Ok(true) = delete_node(&session, &path).await {
+                        tracing::debug!(node = %path, "deleted the node of a lost lease");
+                    }
+                    flags.gone.store(true, Ordering::SeqCst);
+                }
+                return;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackendLease for ZkLease {
+    /// Checks that our node still exists on our live session. A `ttl` above
+    /// the session timeout is refused with `InvalidConfig` (the session
+    /// cannot be lengthened).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        if self.session.is_dead() || self.flags.gone.load(Ordering::SeqCst) {
+            return Ok(Renewal::Lost);
+        }
+        check_ttl(&self.session, ttl)?;
+        let sent = Instant::now();
+        let stat = self
+            .session
+            .call(|c| {
+                let path = self.path.as_str();
+                async move { c.check_stat(path).await }
+            })
+            .await;
+        match stat {
+            Ok(Some(stat)) if stat.ephemeral_owner == self.session.id => Ok(Renewal::Renewed {
+                valid_until: self.session.valid_until(sent, ttl),
+            }),
+            Ok(_) => Ok(Renewal::Lost),
+            Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
+            Err(e) => Err(map_err(
+                e,
+                format!("checking the lock node {}", self.path),
+                false,
+            )),
+        }
+    }
+
+    /// Deletes our node (never another owner's: the path carries our uuid).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may or may not have deleted the node; dropping the
+    /// lease then deletes it in the background.
+    async fn release(&self) -> Result<Released> {
+        self.flags.released.store(true, Ordering::SeqCst);
+        self.task.abort();
+        if self.flags.gone.load(Ordering::SeqCst) {
+            return Ok(Released::NotHeld);
+        }
+        let res = delete_node(&self.session, &self.path).await;
+        if !self.session.is_dead() {
+            // A creation cut off by a connection loss may have applied late,
+            // leaving a second node of ours in the queue: sweep our uuid's
+            // nodes (in the background: the release is done).
+            spawn_cleanup(
+                "delete late twins of a released lock node",
+                delete_ours(
+                    self.session.clone(),
+                    self.parent.clone(),
+                    self.prefix.clone(),
+                ),
+            );
+        }
+        match res {
+            Ok(true) => {
+                self.flags.gone.store(true, Ordering::SeqCst);
+                Ok(Released::Released)
+            }
+            Ok(false) => {
+                self.flags.gone.store(true, Ordering::SeqCst);
+                Ok(Released::NotHeld)
+            }
+            Err(_) if self.session.is_dead() => {
+                // The session ended: its ephemeral node went with it.
+                self.flags.gone.store(true, Ordering::SeqCst);
+                Ok(Released::NotHeld)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends this lease's whole session without a goodbye, as a crash would:
+    /// the server expires it after the session timeout and deletes the node
+    /// then. Other leases of this backend on the same session (same ttl)
+    /// are lost with it, as they would be in a crash.
+    fn abandon(&self) {
+        self.flags.abandoned.store(true, Ordering::SeqCst);
+        self.task.abort();
+        self.session.kill("abandoned (as if the process died)");
+    }
+}
+
+impl Drop for ZkLease {
+    fn drop(&mut self) {
+        self.task.abort();
+        if self.flags.gone.load(Ordering::SeqCst)
+            || self.flags.abandoned.load(Ordering::SeqCst)
+            || self.session.is_dead()
+        {
+            return;
+        }
+        let (session, path) = (self.session.clone(), self.path.clone());
+        spawn_cleanup("delete the node of a dropped lease", async move {
+            let _ = delete_node(&session, &path).await;
+        });
+    }
+}

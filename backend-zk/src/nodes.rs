@@ -1,0 +1,183 @@
+//! The recipe's node operations on a session: create our node (found
+//! again by our uuid after a cut-off creation), list the contenders, delete
+//! our nodes.
+
+use std::sync::Arc;
+
+use lockcore::name::encode_segment;
+use lockcore::{Error, ErrorKind, OwnerToken, Result};
+use zookeeper_client as zk;
+
+use crate::config::{ZkConfig, NAME};
+use crate::error::{is_connection_error, map_err};
+use crate::session::Session;
+
+/// How often a create is retried when a container parent is reaped under it.
+const MAX_PARENT_RETRIES: usize = 8;
+
+/// Creates our ephemeral sequential node; returns its name and czxid.
+/// A creation cut off by a lost connection may have applied: it is
+/// looked for by our uuid before it is sent again.
+pub(crate) async fn create_node(
+    session: &Session,
+    acls: &[zk::Acl],
+    parent: &str,
+    prefix: &str,
+    owner: OwnerToken,
+) -> Result<(String, i64)> {
+    let full = format!("{parent}/{prefix}");
+    let data = owner.to_string();
+    let acls = zk::Acls::new(acls);
+    let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
+    let creating = || format!("creating a lock node under {parent}");
+    let mut parent_retries = 0;
+    let mut cut_off = 0;
+    loop {
+        let created = session
+            .once(|c| {
+                let (full, data, opts) = (&full, data.as_bytes(), &opts);
+                async move { c.create(full, data, opts).await }
+            })
+            .await;
+        match created {
+            Ok((stat, seq)) => {
+                let name = format!("{prefix}{seq}");
+                let czxid = if stat.czxid > 0 {
+                    stat.czxid
+                } else {
+                    // Servers before 3.5 give no stat on create.
+                    czxid_of(session, &format!("{parent}/{name}"))
+                        .await?
+                        .ok_or_else(|| vanished(parent))?
+                };
+                return Ok((name, czxid));
+            }
+            Err(zk::Error::NoNode) if parent_retries < MAX_PARENT_RETRIES => {
+                parent_retries += 1;
+                let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                let made = session
+                    .call(|c| {
+                        let dir = &dir;
+                        async move { c.mkdir(parent, dir).await }
+                    })
+                    .await;
+                match made {
+                    Ok(()) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => {
+                        return Err(map_err(
+                            e,
+                            format!("creating the lock parent {parent}"),
+                            false,
+                        ))
+                    }
+                }
+            }
+            Err(e) if is_connection_error(&e) && cut_off < MAX_CUT_OFF => {
+                cut_off += 1;
+                session
+                    .reconnected()
+                    .await
+                    .map_err(|e| map_err(e, creating(), true))?;
+                let children = list(session, parent)
+                    .await
+                    .map_err(|e| map_err_kind(e, ErrorKind::Indeterminate))?;
+                if let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) {
+                    if let Some(czxid) = czxid_of(session, &format!("{parent}/{name}")).await? {
+                        return Ok((name, czxid));
+                    }
+                }
+            }
+            Err(e) => return Err(map_err(e, creating(), true)),
+        }
+    }
+}
+
+/// How often a cut-off creation is looked for and sent again.
+const MAX_CUT_OFF: usize = 3;
+
+/// `e` with its kind replaced (a failed read after a cut-off creation leaves
+/// the creation's outcome unknown).
+fn map_err_kind(e: Error, kind: ErrorKind) -> Error {
+    if matches!(e.kind(), ErrorKind::Unavailable) {
+        Error::new(kind, NAME, e.message().to_owned())
+    } else {
+        e
+    }
+}
+
+/// The czxid of `path`, or `None` when it does not exist.
+pub(crate) async fn czxid_of(session: &Session, path: &str) -> Result<Option<i64>> {
+    session
+        .call(|c| async move { c.check_stat(path).await })
+        .await
+        .map(|stat| stat.map(|s| s.czxid))
+        .map_err(|e| map_err(e, format!("reading {path}"), false))
+}
+
+/// The parent node of lock `name` under `cfg`.
+pub(crate) fn lock_parent(cfg: &ZkConfig, name: &str) -> String {
+    format!("{}/{}", cfg.base(), encode_segment(name))
+}
+
+pub(crate) fn vanished(parent: &str) -> Error {
+    Error::unavailable(
+        NAME,
+        format!("our lock node under {parent} vanished while acquiring (session expired, or deleted by an operator)"),
+    )
+}
+
+/// Children of `parent`; `NoNode` is empty.
+pub(crate) async fn list(session: &Session, parent: &str) -> Result<Vec<String>> {
+    match session
+        .call(|c| async move { c.list_children(parent).await })
+        .await
+    {
+        Ok(c) => Ok(c),
+        Err(zk::Error::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(map_err(e, format!("listing {parent}"), false)),
+    }
+}
+
+/// Deletes `path` (ours by its uuid), retried across connection losses.
+/// Returns whether it was there (a deletion cut off by a connection loss,
+/// then found gone, counts as done by us).
+pub(crate) async fn delete_node(session: &Session, path: &str) -> Result<bool> {
+    let mut tries = 0u32;
+    let r = session
+        .call(|c| {
+            tries += 1;
+            async move { c.delete(path, None).await }
+        })
+        .await;
+    match r {
+        Ok(()) => Ok(true),
+        Err(zk::Error::NoNode) => Ok(tries > 1),
+        Err(e) => Err(map_err(e, format!("deleting {path}"), true)),
+    }
+}
+
+/// Deletes every child of `parent` that starts with `prefix` (our uuid).
+pub(crate) async fn delete_ours(session: Arc<Session>, parent: String, prefix: String) {
+    let children = match list(&session, &parent).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, %parent, "cleanup could not list; the node ends with the session");
+            return;
+        }
+    };
+    for c in children.into_iter().filter(|c| c.starts_with(&prefix)) {
+        if let Err(e) = delete_node(&session, &format!("{parent}/{c}")).await {
+            tracing::debug!(error = %e, node = %c, "cleanup could not delete; the node ends with the session");
+        }
+    }
+}
+
+/// Runs `fut` in a task that is aborted when the handle is dropped (so a
+/// panic or a dropped sender inside the client cannot reach the caller).
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
