@@ -94,6 +94,19 @@ impl Deadline {
     }
 }
 
+/// Now, by the clock leases are measured with: tokio's, which is the
+/// system's monotonic clock except on a runtime whose clock is paused (a
+/// test or a simulation), where it moves only as the runtime advances it.
+/// `lockcore` reads time only through this; a backend may too.
+///
+/// ```
+/// let t = lockcore::backend::now();
+/// assert!(lockcore::backend::now() >= t);
+/// ```
+pub fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// The validity deadline of a lease proven by a request sent at `sent`:
 /// `sent + ttl`, less a clock-drift allowance of ttl·1% + 2 ms (the server
 /// may time the lease out by a clock that runs a little fast). Every backend
@@ -187,8 +200,8 @@ pub mod prelude {
     pub use tokio_util::sync::CancellationToken;
 
     pub use super::{
-        validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease, Deadline,
-        Grant, HolderInfo, LockInfo, OwnerToken, Released, Renewal,
+        now, validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease,
+        Deadline, Grant, HolderInfo, LockInfo, OwnerToken, Released, Renewal,
     };
     pub use crate::capabilities::{Capabilities, Fencing, LeaseKind};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};

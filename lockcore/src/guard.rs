@@ -126,9 +126,11 @@ impl LockGuard {
         self.held.is_held().then(|| self.held.valid_until())
     }
 
-    /// The end of the lease's trusted validity as of `now`: `now` while held,
-    /// else when it was lost.
-    pub(crate) fn validity_end(&self, now: Instant) -> Instant {
+    /// The end of the lease's trusted validity as of `now`: `now` while
+    /// held, else when it was lost (at the latest its validity deadline).
+    /// What a history of leases records as a lease's end (see
+    /// [`history`](crate::history)).
+    pub fn validity_end(&self, now: Instant) -> Instant {
         if self.held.is_held() {
             return now;
         }

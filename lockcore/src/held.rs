@@ -87,7 +87,7 @@ impl Held {
             lost_at: OnceLock::new(),
         });
         let first = if renew {
-            (Instant::now() + renew_interval(ttl)).min(held.valid_until())
+            (crate::backend::now() + renew_interval(ttl)).min(held.valid_until())
         } else {
             held.valid_until() + TIMER_SLACK
         };
@@ -103,7 +103,7 @@ impl Held {
     /// Schedules the next check after `extend` changed the lease.
     pub(crate) fn rescheduled(self: &Arc<Self>) {
         let next = if self.renew {
-            Instant::now() + renew_interval(self.ttl())
+            crate::backend::now() + renew_interval(self.ttl())
         } else {
             self.valid_until() + TIMER_SLACK
         };
@@ -132,7 +132,9 @@ impl Held {
 
     /// Raises the lost signal (once) with a reason.
     pub(crate) fn mark_lost(&self, reason: &'static str) {
-        let _ = self.lost_at.set(Instant::now().min(self.valid_until()));
+        let _ = self
+            .lost_at
+            .set(crate::backend::now().min(self.valid_until()));
         if self.lost_reason.set(reason).is_ok() && !self.released.load(Ordering::Relaxed) {
             tracing::warn!(backend = self.backend, name = %self.name, fence = ?self.fence, reason, "lock lease lost");
         }
@@ -143,7 +145,7 @@ impl Held {
         if self.released.load(Ordering::Acquire) || self.lost.is_cancelled() {
             return false;
         }
-        if Instant::now() >= self.valid_until() {
+        if crate::backend::now() >= self.valid_until() {
             self.mark_lost("the validity deadline passed without a successful renewal");
             return false;
         }
@@ -188,7 +190,16 @@ impl Held {
         }
         let use_ttl = ttl.unwrap_or_else(|| self.ttl());
         let deadline = self.valid_until();
-        match tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl)).await {
+        let sent = crate::backend::now();
+        let outcome = tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl)).await;
+        if !matches!(outcome, Ok(Ok(_))) {
+            // The request may have applied: a shorter ttl may then have
+            // shortened the lease on the server. Count it valid no longer
+            // than that would allow.
+            let mut until = lock(&self.valid_until);
+            *until = (*until).min(crate::backend::validity_deadline(sent, use_ttl));
+        }
+        match outcome {
             Ok(Ok(Renewal::Renewed { valid_until })) => {
                 if !self.lost.is_cancelled() {
                     *lock(&self.valid_until) = valid_until;
@@ -229,7 +240,7 @@ impl Held {
             // Not due yet (the deadline was moved by extend): look again then.
             return Some(self.valid_until() + TIMER_SLACK);
         }
-        let sent = Instant::now();
+        let sent = crate::backend::now();
         match self.renew_now(None).await {
             Ok(()) => {
                 self.failures.store(0, Ordering::Relaxed);
@@ -248,7 +259,7 @@ impl Held {
                     delay = backoff.next_delay();
                 }
                 tracing::warn!(backend = self.backend, name = %self.name, error = %e, retry_in = ?delay, "lease renewal failed; retrying while the lease is valid");
-                Some((Instant::now() + delay).min(self.valid_until()))
+                Some((crate::backend::now() + delay).min(self.valid_until()))
             }
         }
     }
@@ -361,5 +372,77 @@ mod tests {
             client.saturating_duration_since(server_expiry)
         );
         assert_eq!(g.ttl(), Duration::from_secs(1));
+    }
+
+    /// The server applies each renewal, and its reply is lost.
+    #[derive(Debug, Clone)]
+    struct LostReplies {
+        server: MemoryBackend,
+    }
+
+    #[derive(Debug)]
+    struct LostReplyLease {
+        inner: Box<dyn BackendLease>,
+    }
+
+    #[async_trait]
+    impl Backend for LostReplies {
+        fn name(&self) -> &'static str {
+            "lost-replies"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            self.server.capabilities()
+        }
+
+        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+            Ok(self.server.acquire(req).await?.map(|g| Grant {
+                lease: Box::new(LostReplyLease { inner: g.lease }),
+                ..g
+            }))
+        }
+    }
+
+    #[async_trait]
+    impl BackendLease for LostReplyLease {
+        async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+            let _ = self.inner.renew(ttl).await;
+            Err(crate::Error::new(
+                crate::ErrorKind::Indeterminate,
+                "lost-replies",
+                "the reply was lost",
+            ))
+        }
+
+        async fn release(&self) -> Result<Released> {
+            self.inner.release().await
+        }
+    }
+
+    /// `extend` to a shorter ttl whose reply is lost may have shortened the
+    /// lease on the server: the client must count it valid no longer than
+    /// the shorter ttl allows (found by the simulation, seed 341).
+    #[tokio::test]
+    async fn a_shorter_extend_that_may_have_applied_shortens_validity() {
+        let server = MemoryBackend::new();
+        let l = Locker::new(LostReplies {
+            server: server.clone(),
+        });
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Wait::Try)
+            .renew(false);
+        let g = l.acquire("x", &opts).await.unwrap().unwrap();
+        let err = g.extend(Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Indeterminate);
+        let info = server.inspect("x").await.unwrap().unwrap();
+        let left = info.holder.unwrap().ttl_remaining.unwrap();
+        let server_expiry = Instant::now() + left;
+        let client = g.valid_until().unwrap();
+        assert!(
+            client <= server_expiry + Duration::from_millis(5),
+            "the client counts the lease valid {:?} past the server's expiry",
+            client.saturating_duration_since(server_expiry)
+        );
     }
 }

@@ -105,13 +105,13 @@ impl History {
 
     /// Records that `guard` was just acquired.
     pub fn acquired(&self, guard: &LockGuard) -> RecordId {
-        self.record(guard.name(), guard.fence(), Instant::now(), None)
+        self.record(guard.name(), guard.fence(), crate::backend::now(), None)
     }
 
     /// Records that the lease of `guard` ends now (call it before releasing),
     /// or ended earlier if it was lost.
     pub fn ended(&self, id: RecordId, guard: &LockGuard) {
-        let end = guard.validity_end(Instant::now());
+        let end = guard.validity_end(crate::backend::now());
         if let Some(r) = self.records().get_mut(id.0) {
             r.ended = Some(end);
         }
@@ -142,7 +142,9 @@ impl History {
 
     /// Proves that no two leases on a name overlapped (a lease that has not
     /// ended overlaps every later one) and that fencing tokens rose strictly
-    /// in acquisition order.
+    /// in acquisition order. A lease that ended no later than it was
+    /// acquired (its grant arrived after its validity deadline, so it was
+    /// never trusted) is left out.
     ///
     /// # Errors
     ///
@@ -160,6 +162,11 @@ impl History {
 pub fn check(records: &[LeaseRecord]) -> Result<Summary, Violation> {
     let mut by_name: HashMap<&str, Vec<&LeaseRecord>> = HashMap::new();
     for r in records {
+        // A lease whose validity had passed before its grant arrived was
+        // never trusted: it cannot overlap anything.
+        if r.ended.is_some_and(|e| e <= r.acquired) {
+            continue;
+        }
         by_name.entry(&r.name).or_default().push(r);
     }
     for (name, leases) in &mut by_name {
@@ -258,5 +265,14 @@ mod tests {
             rec("a", 2, 10, 20, t),
         ];
         assert!(matches!(check(&open), Err(Violation::Overlap { .. })));
+    }
+
+    #[test]
+    fn a_lease_never_valid_overlaps_nothing() {
+        let t = Instant::now();
+        // Fence 1's grant arrived after fence 2 had been granted and after
+        // its own validity deadline: it was never trusted.
+        let late = [rec("a", 2, 0, 100, t), rec("a", 1, 50, 40, t)];
+        assert!(check(&late).is_ok());
     }
 }

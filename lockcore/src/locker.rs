@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -216,7 +216,7 @@ impl Locker {
         let wait = opts.get_wait();
         let deadline = match wait {
             Wait::Try => Deadline::Now,
-            Wait::For(d) => Deadline::At(Instant::now() + d),
+            Wait::For(d) => Deadline::At(crate::backend::now() + d),
             Wait::Forever => Deadline::Never,
         };
         let timed_out = |d: Duration| {

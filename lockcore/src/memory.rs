@@ -156,7 +156,7 @@ impl MemoryBackend {
         if let Some(h) = &was {
             h.lost.cancel();
         }
-        entry.settle(Instant::now(), last_fence);
+        entry.settle(crate::backend::now(), last_fence);
         if entry.is_idle() {
             locks.remove(name);
         }
@@ -175,7 +175,7 @@ impl MemoryBackend {
             return false;
         };
         let was = entry.holder.take().is_some();
-        entry.settle(Instant::now(), last_fence);
+        entry.settle(crate::backend::now(), last_fence);
         if entry.is_idle() {
             locks.remove(name);
         }
@@ -227,7 +227,7 @@ impl Drop for Queued<'_> {
         };
         entry.waiters.retain(|w| w.owner != self.owner);
         if self.rx.try_recv().is_ok() {
-            entry.release(self.owner, Instant::now(), last_fence);
+            entry.release(self.owner, crate::backend::now(), last_fence);
         }
         if entry.is_idle() {
             locks.remove(self.name);
@@ -254,7 +254,7 @@ impl Backend for MemoryBackend {
         // do: a task that acquires in a loop yields now and then, so timers
         // and other tasks (the watchdog among them) still run.
         tokio::task::consume_budget().await;
-        let now = Instant::now();
+        let now = crate::backend::now();
         let rx = {
             let mut st = lock(&self.state);
             let State { locks, last_fence } = &mut *st;
@@ -307,7 +307,10 @@ impl Backend for MemoryBackend {
                     None => std::future::pending().await,
                 }
             };
+            // Biased: a grant that is ready wins over the timer, and a run
+            // on a paused clock replays exactly.
             tokio::select! {
+                biased;
                 granted = &mut queued.rx => {
                     queued.done = true;
                     let (fence, valid_until) = granted.map_err(|_| {
@@ -316,7 +319,7 @@ impl Backend for MemoryBackend {
                     return Ok(Some(self.lease(req.name, req.owner, fence, valid_until)));
                 }
                 () = sleep => {
-                    let now = Instant::now();
+                    let now = crate::backend::now();
                     {
                         let mut st = lock(&self.state);
                         let State { locks, last_fence } = &mut *st;
@@ -337,7 +340,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        let now = Instant::now();
+        let now = crate::backend::now();
         let st = lock(&self.state);
         let Some(entry) = st.locks.get(name) else {
             return Ok(Some(LockInfo::new(None, Some(0))));
@@ -363,7 +366,7 @@ struct MemoryLease {
 #[async_trait]
 impl BackendLease for MemoryLease {
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        let now = Instant::now();
+        let now = crate::backend::now();
         let mut st = lock(&self.state);
         let holder = st
             .locks
@@ -387,7 +390,7 @@ impl BackendLease for MemoryLease {
         let Some(entry) = locks.get_mut(&self.name) else {
             return Ok(Released::NotHeld);
         };
-        let mine = entry.release(self.owner, Instant::now(), last_fence);
+        let mine = entry.release(self.owner, crate::backend::now(), last_fence);
         if entry.is_idle() {
             locks.remove(&self.name);
         }
