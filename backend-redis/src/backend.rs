@@ -9,7 +9,7 @@ use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
 use crate::conn::{self, Conn, Managed};
 use crate::error::map_err;
 use crate::lease::{release, RedisLease};
-use crate::scripts::{ttl_ms, Keys, ACQUIRE, INSPECT};
+use crate::scripts::{ttl_ms, Keys, ACQUIRE, FENCE_KEEP, INSPECT};
 use crate::wake::{Subscription, Wakeups};
 
 /// The longest a waiter sleeps between attempts when no wake-up comes (a
@@ -168,6 +168,7 @@ impl Backend for RedisBackend {
         let keys = Keys::new(&self.cfg.prefix, req.name);
         let token = req.owner.to_string();
         let ttl = ttl_ms(req.ttl);
+        let keep = ttl_ms(FENCE_KEEP);
         let mut subs: Vec<Subscription> = Vec::new();
         loop {
             let sent = Instant::now();
@@ -179,7 +180,7 @@ impl Backend for RedisBackend {
             );
             let r: redis::RedisResult<(i64, i64)> = self
                 .conn
-                .script(&ACQUIRE, &[&keys.lock, &keys.fence], &[&token, &ttl])
+                .script(&ACQUIRE, &[&keys.lock, &keys.fence], &[&token, &ttl, &keep])
                 .await;
             let (won, value) = match r {
                 Ok(v) => v,

@@ -6,16 +6,26 @@
 //! as a plain string with a PX expiry, exactly as the common recipe (`SET key
 //! token NX PX ttl`, compare-and-delete on release, as redis-py's `Lock`
 //! does). So another client using that recipe on `lock:{N}` excludes and is
-//! excluded. Beside it live `<prefix>{N}:fence`, the fencing counter
-//! (`INCR`ed in the same script as the `SET`; it is kept, so tokens never
-//! repeat while the server keeps its data), and the pub/sub channel
+//! excluded. Beside it live `<prefix>{N}:fence`, the fencing counter, and
+//! the pub/sub channel
 //! `<prefix>{N}:released` on which a release wakes waiters. The braces are a
 //! hash tag: a lock's keys share one cluster slot whatever the name.
 //!
+//! **Fencing tokens.** The script that takes the lock also sets the counter
+//! to `max(counter + 1, server TIME in µs)` and keeps it for an hour after
+//! the name's last acquisition. Tokens rise strictly per name; counters do
+//! not pile up (a server holds one per name used in the last hour, not one
+//! per name ever used); and a counter lost with the server's data (a
+//! restart without persistence, a failover) is replaced by the clock, which
+//! is already past every earlier token, as long as the server's clock has
+//! not stepped back by more than the time since the name's last acquisition.
+//!
 //! **Promises.** One instance or a cluster: strict fencing while the server
-//! keeps its data ([`Fencing::StrictWhileDataKept`](lockcore::Fencing)): a
-//! failover to a lagging replica, or a restart without persistence, can lose
-//! the lock and the counter. The optional replica-sync guard
+//! keeps its data ([`Fencing::StrictWhileDataKept`](lockcore::Fencing)), and
+//! in practice also across data loss, as above. A failover to a lagging
+//! replica, or a restart without persistence, can lose the lock itself: a
+//! second holder can then get it while the first still believes it holds it
+//! until its next renewal fails (its lost signal fires then). The optional replica-sync guard
 //! (`?sync_replicas=N`) makes an acquire fail, and release, unless `N`
 //! replicas confirm it (`WAIT`), as Redisson's `checkLockSyncedSlaves`.
 //! RedLock: no fencing (see [`RedLockBackend`]). Waiters are woken by pub/sub

@@ -5,12 +5,30 @@ use std::time::Duration;
 
 use redis::Script;
 
-/// `SET lock token NX PX ttl`, and on success `INCR` of the fencing counter
-/// in the same slot. Returns `{1, fence}` or `{0, pttl of the holder}`.
+/// How long a name's fencing counter outlives its last acquisition.
+///
+/// The counter only has to bridge the server clock's resolution: tokens are
+/// `max(last + 1, server time in µs)`, so once the counter has expired the
+/// clock alone still gives a larger token, unless the server's clock has
+/// stepped back by more than the time since that last acquisition. The
+/// counter keys on a server are thus bounded by the names used in the last
+/// hour, not by every name ever used.
+pub(crate) const FENCE_KEEP: Duration = Duration::from_secs(3600);
+
+/// `SET lock token NX PX ttl`, and on success the next fencing token in the
+/// same slot: `max(counter + 1, TIME in µs)`, stored back with a
+/// [`FENCE_KEEP`] expiry. Returns `{1, fence}` or `{0, pttl of the holder}`.
+///
+/// Microseconds since 1970 stay below 2^53 (exact in Lua's doubles) until
+/// the year 2255.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now)
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+  return {1, fence}
 end
 return {0, redis.call('PTTL', KEYS[1])}",
     )
