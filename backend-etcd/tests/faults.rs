@@ -6,6 +6,8 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod harness;
+
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,8 +17,8 @@ use etcd_client::{CompactionOptions, GetOptions};
 use lockcore::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ClientPause, ConnectFuture, Ctx, Dir, Proxies, Target, UndoOnDrop,
-    UrlHarness, COMPOSE_HINT,
+    compose, run_serial, ClientPause, ConnectFuture, Ctx, Dir, Proxies, ServerFault, Soak, Target,
+    UndoOnDrop, UrlHarness, COMPOSE_HINT,
 };
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -378,9 +380,31 @@ async fn etcdctl_lock_interoperates(ctx: Ctx) {
     assert!(status.success(), "etcdctl: {status}");
 }
 
+/// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
+/// (15 s by default), each faulting its own client at random (blackhole,
+/// delay, reset, pause), workers killed and replaced, the server paused
+/// for 1.5 s now and then; then the history of every process is checked
+/// (no overlap, rising tokens) and nothing may be left on the server.
+async fn soak(ctx: Ctx, server: &'static str) {
+    let report = Soak {
+        server_faults: vec![ServerFault::Pause {
+            server: server.to_owned(),
+            for_: Duration::from_millis(1500),
+        }],
+        ..Soak::default()
+    }
+    .run(&ctx)
+    .await;
+    eprintln!("{}::soak: {report:?}", ctx.target);
+    assert!(report.leases > 0, "the soak granted nothing");
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![
+        harness::target("etcd-soak", "LOCKTEST_ETCD_URL")
+            .only_own_cases()
+            .case("soak", |ctx| Box::pin(soak(ctx, "etcd"))),
         Target::new("etcd-faults", Some("LOCKTEST_ETCD_URL"), url)
             .hint(COMPOSE_HINT)
             .only_own_cases()

@@ -5,11 +5,14 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod harness;
+
 use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness, COMPOSE_HINT,
+    compose, run_serial, ConnectFuture, Ctx, ServerFault, Soak, Target, UndoOnDrop, UrlHarness,
+    COMPOSE_HINT,
 };
 use lockcore_mysql::{MysqlBackend, MysqlConfig};
 use sqlx::{Connection, Row};
@@ -383,40 +386,64 @@ async fn stalled_holder_is_timed_out_by_server(ctx: Ctx) {
     g2.release().await.expect("release");
 }
 
+/// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
+/// (15 s by default), each faulting its own client at random (blackhole,
+/// delay, reset, pause), workers killed and replaced, the server paused
+/// for 1.5 s now and then; then the history of every process is checked
+/// (no overlap, rising tokens) and nothing may be left on the server.
+async fn soak(ctx: Ctx, server: &'static str) {
+    let report = Soak {
+        server_faults: vec![ServerFault::Pause {
+            server: server.to_owned(),
+            for_: Duration::from_millis(1500),
+        }],
+        ..Soak::default()
+    }
+    .run(&ctx)
+    .await;
+    eprintln!("{}::soak: {report:?}", ctx.target);
+    assert!(report.leases > 0, "the soak granted nothing");
+}
+
 fn main() -> std::process::ExitCode {
-    run_serial(vec![Target::new(
-        "mysql-faults",
-        Some("LOCKTEST_MYSQL_URL"),
-        |url| async move {
-            // Creates the tables if needed.
-            drop(lockcore_mysql::connect(&url).await?);
-            Ok(UrlHarness::shared(url, connect))
-        },
-    )
-    .hint(COMPOSE_HINT)
-    .only_own_cases()
-    .case("kill_holder_connection", |ctx| {
-        Box::pin(kill_holder_connection(ctx))
-    })
-    .case("names_are_byte_exact", |ctx| {
-        Box::pin(names_are_byte_exact(ctx))
-    })
-    .case("busy_pool_opens_its_own_connections", |ctx| {
-        Box::pin(busy_pool_opens_its_own_connections(ctx))
-    })
-    .case("kill_holder_spares_a_reused_connection", |ctx| {
-        Box::pin(kill_holder_spares_a_reused_connection(ctx))
-    })
-    .case("kill_holder_never_kills_a_waiter", |ctx| {
-        Box::pin(kill_holder_never_kills_a_waiter(ctx))
-    })
-    .case("first_lock_after_a_server_restart", |ctx| {
-        Box::pin(first_lock_after_a_server_restart(ctx))
-    })
-    .case("dropped_guard_frees_row_promptly", |ctx| {
-        Box::pin(dropped_guard_frees_row_promptly(ctx))
-    })
-    .case("stalled_holder_is_timed_out_by_server", |ctx| {
-        Box::pin(stalled_holder_is_timed_out_by_server(ctx))
-    })])
+    run_serial(vec![
+        harness::target("mysql-soak")
+            .only_own_cases()
+            .case("soak", |ctx| Box::pin(soak(ctx, "mariadb"))),
+        Target::new(
+            "mysql-faults",
+            Some("LOCKTEST_MYSQL_URL"),
+            |url| async move {
+                // Creates the tables if needed.
+                drop(lockcore_mysql::connect(&url).await?);
+                Ok(UrlHarness::shared(url, connect))
+            },
+        )
+        .hint(COMPOSE_HINT)
+        .only_own_cases()
+        .case("kill_holder_connection", |ctx| {
+            Box::pin(kill_holder_connection(ctx))
+        })
+        .case("names_are_byte_exact", |ctx| {
+            Box::pin(names_are_byte_exact(ctx))
+        })
+        .case("busy_pool_opens_its_own_connections", |ctx| {
+            Box::pin(busy_pool_opens_its_own_connections(ctx))
+        })
+        .case("kill_holder_spares_a_reused_connection", |ctx| {
+            Box::pin(kill_holder_spares_a_reused_connection(ctx))
+        })
+        .case("kill_holder_never_kills_a_waiter", |ctx| {
+            Box::pin(kill_holder_never_kills_a_waiter(ctx))
+        })
+        .case("first_lock_after_a_server_restart", |ctx| {
+            Box::pin(first_lock_after_a_server_restart(ctx))
+        })
+        .case("dropped_guard_frees_row_promptly", |ctx| {
+            Box::pin(dropped_guard_frees_row_promptly(ctx))
+        })
+        .case("stalled_holder_is_timed_out_by_server", |ctx| {
+            Box::pin(stalled_holder_is_timed_out_by_server(ctx))
+        }),
+    ])
 }

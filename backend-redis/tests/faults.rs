@@ -6,12 +6,14 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod harness;
+
 use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ConnectFuture, Ctx, Dir, Proxies, Target, UndoOnDrop, UrlHarness,
-    COMPOSE_HINT,
+    compose, run_serial, ConnectFuture, Ctx, Dir, Proxies, ServerFault, Soak, Target, UndoOnDrop,
+    UrlHarness, COMPOSE_HINT,
 };
 
 /// `host:port` of each RedLock master.
@@ -361,8 +363,43 @@ fn connect(url: String) -> ConnectFuture {
     Box::pin(async move { lockcore_redis::connect(&url).await })
 }
 
+/// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
+/// (15 s by default), each faulting its own client at random (blackhole,
+/// delay, reset, pause), workers killed and replaced, the server paused
+/// for 1.5 s now and then; then the history of every process is checked
+/// (no overlap, rising tokens) and nothing may be left on the server.
+async fn soak(ctx: Ctx, server: &'static str) {
+    let report = Soak {
+        server_faults: vec![ServerFault::Pause {
+            server: server.to_owned(),
+            for_: Duration::from_millis(1500),
+        }],
+        ..Soak::default()
+    }
+    .run(&ctx)
+    .await;
+    eprintln!("{}::soak: {report:?}", ctx.target);
+    assert!(report.leases > 0, "the soak granted nothing");
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
+        harness::target(
+            "redis-soak",
+            "LOCKTEST_REDIS_URL",
+            false,
+            "redis://127.0.0.1:1",
+        )
+        .only_own_cases()
+        .case("soak", |ctx| Box::pin(soak(ctx, "redis"))),
+        harness::target(
+            "redlock-soak",
+            "LOCKTEST_REDLOCK_URL",
+            false,
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        )
+        .only_own_cases()
+        .case("soak", |ctx| Box::pin(soak(ctx, "redlock-2"))),
         Target::new(
             "redlock-faults",
             Some("LOCKTEST_REDLOCK_URL"),

@@ -28,6 +28,11 @@ pub enum LeaseKind {
     /// without a renewal while it stays open. Every held or waiting lock
     /// uses a connection of its own: how many a client can hold is bounded
     /// by the server's connection limit.
+    ///
+    /// The known limit: when the network breaks the connection (a reset, a
+    /// failed switch), the server frees the name at once, and the holder
+    /// learns it at its next renewal (within ttl/3) or sooner. In that
+    /// window a second holder can run: guard writes with the fencing token.
     Connection,
 }
 

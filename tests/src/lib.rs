@@ -44,6 +44,7 @@
 
 pub mod cases;
 mod faults;
+pub mod processes;
 pub mod proxy;
 mod runner;
 
@@ -56,6 +57,7 @@ use lockcore::{Capabilities, Locker};
 pub use runner::{run, run_serial, Target, COMPOSE_HINT};
 
 pub use faults::{compose, ClientPause, ConnectFn, ConnectFuture, UndoOnDrop, UrlHarness};
+pub use processes::{ServerFault, Soak, SoakReport};
 pub use proxy::{Dir, Proxies};
 
 /// How the suite reaches a backend: implemented once per backend, in its
@@ -103,10 +105,22 @@ pub trait Harness: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// How many wake-ups waiters have had from the server so far (watch
-    /// notifications on a predecessor, summed over every client this harness
-    /// made), where the backend counts them; `None` skips the no-herd case.
-    fn wakeups(&self) -> Option<u64> {
+    /// How many wake-ups the waiters of `clients` (made by this harness)
+    /// have had from the server so far (watch notifications on a
+    /// predecessor), where the backend counts them; `None` skips the no-herd
+    /// case. Only these clients count: other cases run at the same time.
+    fn wakeups(&self, clients: &[&Locker]) -> Option<u64> {
+        let _ = clients;
+        None
+    }
+
+    /// What is left on the server for `names` once every client that used
+    /// them has ended and their ttls have passed: lock keys or nodes,
+    /// waiter entries, leases, open transactions, fencing counters kept for
+    /// ever. Each item says what it is; `None` when the harness cannot look
+    /// (the soak then skips that check).
+    async fn leftovers(&self, names: &[String]) -> Option<Vec<String>> {
+        let _ = names;
         None
     }
 }
@@ -123,6 +137,8 @@ pub struct Ctx {
     pub namespace: String,
     /// The value of the target's environment variable (`""` when it has none).
     pub config: String,
+    /// The target's name (as in the trial names `<target>::<case>`).
+    pub target: String,
 }
 
 impl Ctx {

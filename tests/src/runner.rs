@@ -121,16 +121,61 @@ fn ignored(target: &str, case: &Case, why: &str) -> Trial {
 ///
 /// Command-line arguments are those of `cargo test` (a filter, `--exact`,
 /// `--ignored`, `--test-threads`, `--list`, ...).
+///
+/// With `LOCKTEST_WORKER` set, the binary is a worker process of a
+/// [`Soak`](crate::Soak) instead (see [`crate::processes`]).
 pub fn run(targets: Vec<Target>) -> ExitCode {
+    if let Some(code) = worker_mode(&targets) {
+        return code;
+    }
     run_with(Arguments::from_args(), targets)
 }
 
 /// Like [`run`], one trial at a time (for cases that stop and start the
 /// servers other cases use).
 pub fn run_serial(targets: Vec<Target>) -> ExitCode {
+    if let Some(code) = worker_mode(&targets) {
+        return code;
+    }
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
     run_with(args, targets)
+}
+
+/// Runs this process as a soak worker for the target `LOCKTEST_WORKER`
+/// names, if it names one.
+fn worker_mode(targets: &[Target]) -> Option<ExitCode> {
+    let name = std::env::var(crate::processes::WORKER_VAR).ok()?;
+    let Some(target) = targets.iter().find(|t| t.name == name) else {
+        eprintln!("worker: no target called {name:?} in this binary");
+        return Some(ExitCode::FAILURE);
+    };
+    let config = target
+        .env
+        .as_ref()
+        .and_then(|v| std::env::var(v).ok())
+        .unwrap_or_default();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("worker: cannot start a tokio runtime: {e}");
+            return Some(ExitCode::FAILURE);
+        }
+    };
+    let outcome = rt.block_on(async {
+        let harness = (target.make)(config).await.map_err(|e| e.to_string())?;
+        crate::processes::worker(harness).await
+    });
+    Some(match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("worker for {name}: {e}");
+            ExitCode::FAILURE
+        }
+    })
 }
 
 fn run_with(args: Arguments, targets: Vec<Target>) -> ExitCode {
@@ -226,6 +271,7 @@ fn target_trials(
         caps,
         namespace: format!("{ns}/{}", target.name),
         config,
+        target: target.name.clone(),
     };
     all.into_iter()
         .map(|case| {

@@ -218,8 +218,10 @@ pub async fn no_herd_on_release(ctx: Ctx) {
     let name = ctx.name("herd");
     let g = must_try(&a, &name).await;
     let mut tasks = Vec::new();
+    let mut clients = Vec::new();
     for i in 0..WAITERS {
         let l = ctx.locker().await;
+        clients.push(l.clone());
         let n = name.clone();
         tasks.push(tokio::spawn(async move {
             let g = l.lock(&n).await.expect("waiter");
@@ -227,12 +229,13 @@ pub async fn no_herd_on_release(ctx: Ctx) {
         }));
         until_waiters(&a, &name, i + 1).await;
     }
-    let before = ctx.harness.wakeups().expect("counted");
+    let counted: Vec<&lockcore::Locker> = clients.iter().collect();
+    let before = ctx.harness.wakeups(&counted).expect("counted");
     g.release().await.expect("release");
     for t in tasks {
         t.await.expect("waiter task");
     }
-    let woken = ctx.harness.wakeups().expect("counted") - before;
+    let woken = ctx.harness.wakeups(&counted).expect("counted") - before;
     let herd = (WAITERS * (WAITERS + 1) / 2) as u64;
     assert!(
         woken < herd && woken <= 2 * WAITERS as u64,

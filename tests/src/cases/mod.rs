@@ -81,7 +81,7 @@ pub fn cases() -> Vec<Case> {
                 "the backend does not declare fair waiting with inspection"
             )),
         case!(acquire::no_herd_on_release, |c| (!c.caps.fair
-            || c.harness.wakeups().is_none())
+            || c.harness.wakeups(&[]).is_none())
         .then_some(
             "the backend is not fair, or the harness counts no wake-ups"
         )),
