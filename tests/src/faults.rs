@@ -82,6 +82,8 @@ pub type ConnectFn = fn(String) -> ConnectFuture;
 pub struct UrlHarness {
     url: String,
     connect: ConnectFn,
+    /// The default port of the URL's hosts, when clients may be proxied.
+    proxy_port: Option<u16>,
 }
 
 impl std::fmt::Debug for UrlHarness {
@@ -99,6 +101,23 @@ impl UrlHarness {
         Arc::new(UrlHarness {
             url: url.into(),
             connect,
+            proxy_port: None,
+        })
+    }
+
+    /// Like [`shared`](UrlHarness::shared), and its clients can be routed
+    /// through [`Proxies`](crate::Proxies) (every host of the URL is
+    /// replaced by its proxy; `default_port` for hosts without one). Not
+    /// for a cluster whose servers redirect clients to their own addresses.
+    pub fn proxied(
+        url: impl Into<String>,
+        connect: ConnectFn,
+        default_port: u16,
+    ) -> Arc<dyn Harness> {
+        Arc::new(UrlHarness {
+            url: url.into(),
+            connect,
+            proxy_port: Some(default_port),
         })
     }
 }
@@ -107,6 +126,18 @@ impl UrlHarness {
 impl Harness for UrlHarness {
     async fn connect(&self) -> lockcore::Result<Locker> {
         (self.connect)(self.url.clone()).await
+    }
+
+    fn can_proxy(&self) -> bool {
+        self.proxy_port.is_some()
+    }
+
+    async fn connect_via(&self, proxies: &crate::Proxies) -> Option<lockcore::Result<Locker>> {
+        let port = self.proxy_port?;
+        Some(match proxies.route_url(&self.url, port).await {
+            Ok(url) => (self.connect)(url).await,
+            Err(e) => Err(lockcore::Error::backend_error("proxy", e.to_string())),
+        })
     }
 }
 

@@ -47,6 +47,7 @@ mod faults;
 pub mod processes;
 pub mod proxy;
 mod runner;
+pub mod scenarios;
 
 use std::fmt;
 use std::sync::Arc;

@@ -13,6 +13,9 @@
 //!   good (the stream is broken, as after a silent network drop); new
 //!   connections are accepted and dead too, until [`Proxies::heal`].
 //! - [`Proxies::reset`]: every open connection is closed at once.
+//! - [`Proxies::impostor`]: new connections are answered by something
+//!   that speaks another protocol (an HTTP server, say) instead of the
+//!   server.
 
 use std::collections::HashMap;
 use std::io;
@@ -55,6 +58,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Cfg {
     delay: [Duration; 2],
     blackholed: [bool; 2],
+    impostor: Option<&'static [u8]>,
 }
 
 #[derive(Debug)]
@@ -105,10 +109,13 @@ impl Drop for Proxy {
 }
 
 impl Proxy {
-    async fn start(upstream: String) -> io::Result<Proxy> {
+    async fn start(upstream: String, cfg: Cfg) -> io::Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            cfg: Mutex::new(cfg),
+            ..State::default()
+        });
         let accept = tokio::spawn(accept_loop(listener, upstream, state.clone()));
         Ok(Proxy {
             addr,
@@ -123,6 +130,10 @@ async fn accept_loop(listener: TcpListener, upstream: String, state: Arc<State>)
         let Ok((inbound, _)) = listener.accept().await else {
             continue;
         };
+        if let Some(reply) = lock(&state.cfg).impostor {
+            tokio::spawn(impostor(inbound, reply));
+            continue;
+        }
         let Ok(outbound) = TcpStream::connect(&upstream).await else {
             continue; // the client sees the connection close
         };
@@ -142,6 +153,17 @@ async fn accept_loop(listener: TcpListener, upstream: String, state: Arc<State>)
         let (or, ow) = outbound.into_split();
         tokio::spawn(pipe(ir, ow, 0, conn.clone(), state.clone()));
         tokio::spawn(pipe(or, iw, 1, conn, state.clone()));
+    }
+}
+
+/// Answers a connection with `reply`, then reads and ignores the rest.
+async fn impostor(mut inbound: TcpStream, reply: &'static [u8]) {
+    let _ = inbound.write_all(reply).await;
+    let mut buf = vec![0u8; 4096];
+    while let Ok(n) = inbound.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
     }
 }
 
@@ -210,6 +232,8 @@ async fn pipe(
 #[derive(Debug, Clone, Default)]
 pub struct Proxies {
     inner: Arc<Mutex<HashMap<String, Arc<Proxy>>>>,
+    /// The faults set so far, for proxies started later.
+    current: Arc<Mutex<Cfg>>,
 }
 
 impl Proxies {
@@ -224,7 +248,8 @@ impl Proxies {
         if let Some(p) = lock(&self.inner).get(upstream) {
             return Ok(p.addr.to_string());
         }
-        let p = Arc::new(Proxy::start(upstream.to_owned()).await?);
+        let cfg = *lock(&self.current);
+        let p = Arc::new(Proxy::start(upstream.to_owned(), cfg).await?);
         let addr = p.addr.to_string();
         lock(&self.inner).insert(upstream.to_owned(), p);
         Ok(addr)
@@ -257,7 +282,17 @@ impl Proxies {
     }
 
     /// Holds every chunk read from now on for `delay` in `dir` (zero: none).
+    /// Every fault applies to proxies routed later too (a client connected
+    /// after a blackhole meets a silent server).
     pub fn delay(&self, dir: Dir, delay: Duration) {
+        {
+            let mut cfg = lock(&self.current);
+            for i in 0..2 {
+                if dir.covers(i) {
+                    cfg.delay[i] = delay;
+                }
+            }
+        }
         for p in self.all() {
             let mut cfg = lock(&p.state.cfg);
             for i in 0..2 {
@@ -271,6 +306,14 @@ impl Proxies {
     /// Silently discards the data in `dir` on every open connection, for
     /// good, and on connections opened until [`heal`](Proxies::heal).
     pub fn blackhole(&self, dir: Dir) {
+        {
+            let mut cfg = lock(&self.current);
+            for i in 0..2 {
+                if dir.covers(i) {
+                    cfg.blackholed[i] = true;
+                }
+            }
+        }
         for p in self.all() {
             {
                 let mut cfg = lock(&p.state.cfg);
@@ -290,9 +333,20 @@ impl Proxies {
         }
     }
 
+    /// From now on, new connections are answered by an impostor that sends
+    /// `reply` and ignores what the client says: a port that speaks another
+    /// protocol. Until [`heal`](Proxies::heal).
+    pub fn impostor(&self, reply: &'static [u8]) {
+        lock(&self.current).impostor = Some(reply);
+        for p in self.all() {
+            lock(&p.state.cfg).impostor = Some(reply);
+        }
+    }
+
     /// New connections pass data again and delays end (connections that
     /// were blackholed stay dead).
     pub fn heal(&self) {
+        *lock(&self.current) = Cfg::default();
         for p in self.all() {
             *lock(&p.state.cfg) = Cfg::default();
         }
