@@ -5,7 +5,10 @@
 //! majority (N/2+1) granted it, with validity = ttl − elapsed − drift
 //! (drift = ttl·1% + 2 ms). A failed attempt is undone on every instance,
 //! also those that errored or timed out, then retried after a random delay
-//! or a release wake-up. A renewal counts only when a majority renewed.
+//! or a release wake-up. A renewal counts only when a majority renewed; an
+//! instance that lost the key (restarted without persistence) gets it back
+//! by `SET NX` in the renewal, so restarts one after another never leave
+//! the holder on a minority.
 //!
 //! **No fencing.** The instances are independent: no counter rises
 //! monotonically across them, and a token from one instance's counter can go
@@ -23,7 +26,7 @@ use lockcore::retry::jitter_between;
 use crate::backend::wait_turn;
 use crate::config::{RedisConfig, Topology, NAME};
 use crate::conn::{Conn, Managed};
-use crate::scripts::{ttl_ms, Keys, ACQUIRE_PLAIN, RELEASE, RENEW};
+use crate::scripts::{ttl_ms, Keys, ACQUIRE_PLAIN, RELEASE, RENEW_OR_RETAKE};
 use crate::wake::{Subscription, Wakeups};
 
 /// One master: its connection (made in the background, replaced when it
@@ -255,7 +258,7 @@ impl BackendLease for RedLockLease {
         let replies = on_all(
             &self.instances,
             self.limit,
-            &RENEW,
+            &RENEW_OR_RETAKE,
             &self.keys.lock,
             &[&self.token, &ttl_ms(ttl)],
         )
