@@ -280,10 +280,18 @@ async fn redlock_renewal_survives_restarts(ctx: Ctx) {
     for (i, server) in ["redlock-1", "redlock-2", "redlock-3"].iter().enumerate() {
         compose("kill", server).await;
         compose("start", server).await;
-        assert_eq!(raw_get(&hosts[i], &key).await, None, "{server} kept its data");
+        assert_eq!(
+            raw_get(&hosts[i], &key).await,
+            None,
+            "{server} kept its data"
+        );
         // Two renewals (every ttl/3) after the restart.
         tokio::time::sleep(ttl * 2 / 3 + Duration::from_millis(300)).await;
-        assert!(g.is_held(), "lost after restarting {server}: {:?}", g.lost_reason());
+        assert!(
+            g.is_held(),
+            "lost after restarting {server}: {:?}",
+            g.lost_reason()
+        );
     }
     let mut holding = 0;
     for host in &hosts {
@@ -297,10 +305,15 @@ async fn redlock_renewal_survives_restarts(ctx: Ctx) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match other.try_lock(&name).await {
-            Ok(Some(_)) => panic!("another client took the name from a holder that believes it holds it"),
+            Ok(Some(_)) => {
+                panic!("another client took the name from a holder that believes it holds it")
+            }
             Ok(None) => break,
             Err(e) => {
-                assert!(Instant::now() < deadline, "the other client never got an answer: {e}");
+                assert!(
+                    Instant::now() < deadline,
+                    "the other client never got an answer: {e}"
+                );
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -369,7 +382,9 @@ async fn redlock_restart_without_persistence_can_double_grant(ctx: Ctx) {
         matches!(err.kind(), ErrorKind::Lost | ErrorKind::Unavailable),
         "{err}"
     );
-    tokio::time::timeout(ttl, g.lost()).await.expect("A's lost signal");
+    tokio::time::timeout(ttl, g.lost())
+        .await
+        .expect("A's lost signal");
     g2.release().await.expect("release");
 }
 
@@ -474,6 +489,112 @@ async fn replica_sync_guard(ctx: Ctx) {
     );
 }
 
+/// The loss a single master can suffer, shown: the replica lags (its
+/// replication stream cut),
+/// a holder takes the name on the primary, the primary dies and the replica
+/// is promoted without the key; another client takes the name there while
+/// the first still believes it holds it. The replica-sync guard refuses that
+/// first acquisition (`replica_sync_guard`); RedLock, ZooKeeper and etcd do
+/// not fail over to a copy that misses acknowledged writes.
+async fn failover_to_a_lagging_replica_loses_the_lock(ctx: Ctx) {
+    let primary = ctx.config.clone();
+    let admin = |url: String| async move {
+        redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin connection")
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut admin(primary.clone()).await)
+        .await
+        .expect("INFO replication");
+    let replica = info
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("slave0:")?;
+            let field = |k: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(k))
+                    .map(str::to_owned)
+            };
+            Some(format!("redis://{}:{}", field("ip=")?, field("port=")?))
+        })
+        .expect("the primary has a replica");
+    // Undone in reverse: start the primary, then the replica again (it
+    // replicates the primary directly once more).
+    let _start_replica = UndoOnDrop::new("start", &["redis-replica"]);
+    let _kill_replica = UndoOnDrop::new("kill", &["redis-replica"]);
+    let _start_primary = UndoOnDrop::new("start", &["redis-primary"]);
+
+    // The replica replicates through a proxy, which then drops the stream:
+    // the replica lags.
+    let proxies = Proxies::new();
+    let primary_host = primary.trim_start_matches("redis://").trim_end_matches('/');
+    let routed = proxies.route(primary_host).await.expect("proxy");
+    let (host, port) = routed.rsplit_once(':').expect("host:port");
+    let mut r = admin(replica.clone()).await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg(host)
+        .arg(port)
+        .query_async(&mut r)
+        .await
+        .expect("replicate through the proxy");
+    until(
+        "the replica syncs through the proxy",
+        Duration::from_secs(20),
+        || {
+            let mut r = r.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut r)
+                    .await
+                    .unwrap_or_default();
+                info.contains("master_link_status:up")
+            }
+        },
+    )
+    .await;
+    proxies.blackhole(Dir::Both);
+
+    let name = ctx.name("failover");
+    let a = lockcore_redis::connect(&primary).await.expect("connect");
+    let g = a
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(5))
+                .wait(Wait::Try),
+        )
+        .await
+        .expect("acquire")
+        .expect("free");
+    compose("kill", "redis-primary").await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut r)
+        .await
+        .expect("promote the replica");
+    let b = lockcore_redis::connect(&replica).await.expect("connect");
+    let g2 = b
+        .try_lock(&name)
+        .await
+        .expect("try on the promoted replica")
+        .expect("the promoted replica never had the key");
+    assert!(
+        g.is_held() && g2.is_held(),
+        "the loss did not show: A held {}, B held {}",
+        g.is_held(),
+        g2.is_held()
+    );
+    eprintln!("FIGURES failover_to_a_lagging_replica redis: both_believed_held=true");
+    drop(g2);
+    drop(g);
+}
+
 fn connect(url: String) -> ConnectFuture {
     Box::pin(async move { lockcore_redis::connect(&url).await })
 }
@@ -528,9 +649,10 @@ fn main() -> std::process::ExitCode {
         .case("redlock_renewal_survives_restarts", |ctx| {
             Box::pin(redlock_renewal_survives_restarts(ctx))
         })
-        .case("redlock_restart_without_persistence_can_double_grant", |ctx| {
-            Box::pin(redlock_restart_without_persistence_can_double_grant(ctx))
-        })
+        .case(
+            "redlock_restart_without_persistence_can_double_grant",
+            |ctx| Box::pin(redlock_restart_without_persistence_can_double_grant(ctx)),
+        )
         .case("lost_after_restart_without_persistence", |ctx| {
             Box::pin(lost_after_restart_without_persistence(ctx))
         })
@@ -558,6 +680,9 @@ fn main() -> std::process::ExitCode {
         .only_own_cases()
         .case("replica_sync_guard", |ctx| {
             Box::pin(replica_sync_guard(ctx))
+        })
+        .case("failover_to_a_lagging_replica_loses_the_lock", |ctx| {
+            Box::pin(failover_to_a_lagging_replica_loses_the_lock(ctx))
         }),
     ])
 }
