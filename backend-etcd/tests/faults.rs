@@ -155,6 +155,11 @@ async fn leader_killed_under_contention(ctx: Ctx) {
         "acquisition resumed only after {:?}",
         got[0]
     );
+    eprintln!(
+        "FIGURES leader_killed etcd-cluster: first_lock_after_kill={}ms, all_{WAITERS}_waiters_by={}ms, overlaps=0",
+        got[0].as_millis(),
+        got[WAITERS - 1].as_millis()
+    );
 }
 
 /// A holder whose renewals stall loses its lease after the ttl: its lost
@@ -399,6 +404,104 @@ async fn soak(ctx: Ctx, server: &'static str) {
     assert!(report.leases > 0, "the soak granted nothing");
 }
 
+/// A waiter whose lease dies while it waits (revoked, as an expiry would
+/// end it) is never told that it holds the lock (etcd#11456: `Lock`
+/// returned success after the waiter's session had expired): once the
+/// holder releases, the waiter either fails cleanly or holds with a key of
+/// its own on a live lease, proven on the server.
+async fn waiter_whose_lease_died_is_never_granted(ctx: Ctx) {
+    let name = ctx.name("waiter-lease");
+    let a = ctx.locker().await;
+    let b = ctx.locker().await;
+    let ttl = Duration::from_secs(6);
+    let g = a
+        .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let w = {
+        let n = name.clone();
+        tokio::spawn(async move {
+            b.acquire(
+                &n,
+                &LockOptions::new()
+                    .ttl(ttl)
+                    .wait(Wait::For(Duration::from_secs(30))),
+            )
+            .await
+        })
+    };
+    until("the waiter queues", Duration::from_secs(10), || {
+        let (a, n) = (a.clone(), name.clone());
+        async move { waiters(&a, &n).await == 1 }
+    })
+    .await;
+    // Revoke the waiter's lease: every key but the holder's.
+    let admin = backend(&ctx).await;
+    let mut c = admin.client().clone();
+    let range = lock_range(DEFAULT_PREFIX, &name);
+    let resp = c
+        .get(
+            range.clone(),
+            Some(GetOptions::new().with_prefix().with_sort(
+                etcd_client::SortTarget::Create,
+                etcd_client::SortOrder::Ascend,
+            )),
+        )
+        .await
+        .expect("list");
+    let waiting: Vec<i64> = resp.kvs().iter().skip(1).map(|kv| kv.lease()).collect();
+    assert_eq!(waiting.len(), 1, "one waiter's key");
+    c.lease_revoke(waiting[0])
+        .await
+        .expect("revoke the waiter's lease");
+    g.release().await.expect("release");
+    let outcome = tokio::time::timeout(Duration::from_secs(30), w)
+        .await
+        .expect("the wait ends")
+        .expect("waiter task");
+    match outcome {
+        Ok(Some(g2)) => {
+            // Granted: then under a key of its own on a live lease.
+            let resp = c
+                .get(range, Some(GetOptions::new().with_prefix()))
+                .await
+                .expect("list");
+            let kv = resp
+                .kvs()
+                .first()
+                .expect("the holder's key is on the server");
+            assert_ne!(
+                kv.lease(),
+                waiting[0],
+                "granted on the revoked lease (etcd#11456)"
+            );
+            let ttl_left = c
+                .lease_time_to_live(kv.lease(), None)
+                .await
+                .expect("lease ttl")
+                .ttl();
+            assert!(ttl_left > 0, "granted on a dead lease (etcd#11456)");
+            println!("FIGURES etcd_waiter_lease_died etcd: outcome=granted_on_a_new_live_lease");
+            g2.release().await.expect("release");
+        }
+        Ok(None) => panic!("the wait timed out though the name was released"),
+        Err(e) => {
+            assert!(
+                matches!(
+                    e.kind(),
+                    ErrorKind::Unavailable | ErrorKind::Lost | ErrorKind::Indeterminate
+                ),
+                "{e}"
+            );
+            println!(
+                "FIGURES etcd_waiter_lease_died etcd: outcome=failed_cleanly ({:?})",
+                e.kind()
+            );
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![
@@ -413,6 +516,9 @@ fn main() -> std::process::ExitCode {
             })
             .case("compaction_during_long_wait", |ctx| {
                 Box::pin(compaction_during_long_wait(ctx))
+            })
+            .case("waiter_whose_lease_died_is_never_granted", |ctx| {
+                Box::pin(waiter_whose_lease_died_is_never_granted(ctx))
             })
             .case("etcdctl_lock_interoperates", |ctx| {
                 Box::pin(etcdctl_lock_interoperates(ctx))

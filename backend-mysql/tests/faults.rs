@@ -333,6 +333,49 @@ async fn first_lock_after_a_server_restart(ctx: Ctx) {
     g.release().await.unwrap();
 }
 
+/// The server restarted under a holder: its lost signal fires (its
+/// connection, and so its transaction, is gone), and the next holder's
+/// token is larger (the counter is committed on its own).
+async fn restart_under_a_holder(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("restart/held");
+    let g = l
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(3))
+                .wait(Wait::Try),
+        )
+        .await
+        .expect("acquire")
+        .expect("free");
+    let before = g.fence().expect("a token");
+    let _start = UndoOnDrop::new("start", &["mariadb"]);
+    compose("kill", "mariadb").await;
+    let killed = Instant::now();
+    compose("start", "mariadb").await;
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost fires after the restart");
+    let lost_after = killed.elapsed();
+    let g2 = l
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("the name is free after the restart");
+    let resumed = killed.elapsed();
+    let after = g2.fence().expect("a token");
+    assert!(
+        after > before,
+        "the token fell across a restart: {before} then {after}"
+    );
+    println!(
+        "FIGURES restart mysql: lost_after_kill={}ms, first_lock_after_kill={}ms, next_token_larger=true",
+        lost_after.as_millis(),
+        resumed.as_millis()
+    );
+    g2.release().await.expect("release");
+}
+
 /// A guard dropped without `release()` frees the row within a bound, not
 /// whenever a pool gets round to a queued rollback.
 async fn dropped_guard_frees_row_promptly(ctx: Ctx) {
@@ -421,6 +464,9 @@ fn main() -> std::process::ExitCode {
         )
         .hint(COMPOSE_HINT)
         .only_own_cases()
+        .case("restart_under_a_holder", |ctx| {
+            Box::pin(restart_under_a_holder(ctx))
+        })
         .case("kill_holder_connection", |ctx| {
             Box::pin(kill_holder_connection(ctx))
         })

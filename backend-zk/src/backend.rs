@@ -156,6 +156,38 @@ impl ZkBackend {
         lock_parent(&self.cfg, name)
     }
 
+    /// Expires this client's open ZooKeeper sessions on the server now, as
+    /// a session expiry would (ZooKeeper's `KillServerSession` technique: a
+    /// second handle on the same session id and password, closed at once).
+    /// Holders on those sessions see their lost signal, waiters an error;
+    /// their ephemeral nodes are gone. For fault injection; returns how
+    /// many sessions were expired.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unavailable`] when the ensemble does not answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may have expired some of the sessions.
+    pub async fn expire_sessions(&self) -> Result<usize> {
+        let open: Vec<Arc<Session>> = {
+            let sessions = lock(&self.sessions);
+            let mut all: Vec<Arc<Session>> = sessions
+                .by_secs
+                .values()
+                .filter_map(Weak::upgrade)
+                .filter(|s| !s.is_dead())
+                .collect();
+            all.dedup_by(|a, b| Arc::ptr_eq(a, b));
+            all
+        };
+        for s in &open {
+            s.expire_on_server(&self.cfg).await?;
+        }
+        Ok(open.len())
+    }
+
     /// The session for `ttl`, opening one if there is none alive. The pool
     /// is not locked while a session is opened: during an outage every
     /// caller waits one connect timeout, not one per caller ahead of it.

@@ -171,6 +171,39 @@ impl Session {
         self.shared.dead.cancelled()
     }
 
+    /// Closes the session on the server from a second handle on the same
+    /// session id and password, as ZooKeeper's own tests expire a session
+    /// (`KillServerSession`): this handle then sees its session expire.
+    pub(crate) async fn expire_on_server(&self, cfg: &ZkConfig) -> Result<()> {
+        let info = self.client()?.session().clone();
+        let mut connector = zk::Client::connector()
+            .with_session(info)
+            .with_session_timeout(self.timeout);
+        if let Some((user, pass)) = &cfg.digest {
+            connector =
+                connector.with_auth("digest", format!("{user}:{}", pass.expose()).as_bytes());
+        }
+        let hosts = cfg.connect_string();
+        let twin = tokio::time::timeout(cfg.connect_timeout, connector.connect(&hosts))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    NAME,
+                    format!("reopening session {:#x} on {hosts}: no answer", self.id),
+                )
+            })?
+            .map_err(|e| {
+                map_err(
+                    e,
+                    format!("reopening session {:#x} on {hosts}", self.id),
+                    false,
+                )
+            })?;
+        // Not detached: dropping it sends closeSession.
+        drop(twin);
+        Ok(())
+    }
+
     /// Ends the session without a goodbye (the server expires it).
     pub(crate) fn kill(&self, reason: &'static str) {
         self.shared.kill(reason);

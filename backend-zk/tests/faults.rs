@@ -371,6 +371,10 @@ async fn leader_killed_while_held(ctx: Ctx) {
     println!(
         "zk-ensemble: leader {leader} killed; first acquisition {resumed:?} later (new leader on port {new_leader:?})"
     );
+    println!(
+        "FIGURES leader_killed zk-ensemble: first_lock_after_kill={}ms, overlaps=0",
+        resumed.as_millis()
+    );
     drop(_restart);
 }
 
@@ -432,6 +436,130 @@ async fn expired_session_fires_lost_and_next_waiter_gets_it(ctx: Ctx) {
     println!(
         "zk: lost fired {lost_after:?} after the server stopped; the waiter acquired {:?} after the pause began",
         got_at - paused
+    );
+}
+
+/// Lock nodes under `name`'s parent, as the server lists them.
+async fn nodes(ctx: &Ctx, name: &str) -> Vec<String> {
+    let parent = lockcore_zk::lock_parent(&cfg(ctx), name);
+    match raw(ctx).await.list_children(&parent).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("listing {parent}: {e}"),
+    }
+}
+
+/// Sessions expired on demand (the `KillServerSession` technique), under a
+/// holder and under a waiter, then the clients go on with new sessions:
+/// the holder's lost signal fires and its node is gone; the waiter whose
+/// session expired is never granted the lock on the strength of its old
+/// node (CURATOR-604 granted a second holder so), it waits again behind
+/// the live holder; nothing is left on the server at the end.
+async fn session_expiry_under_holder_and_waiter(ctx: Ctx) {
+    let name = ctx.name("session-expiry");
+    let (hb, wb) = (backend(&ctx).await, backend(&ctx).await);
+    let holder = Locker::from_arc(hb.clone());
+    let waiter = Locker::from_arc(wb.clone());
+    let third = Locker::from_arc(backend(&ctx).await);
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+
+    // Under a holder.
+    let g = holder
+        .acquire(&name, &opts.wait(lockcore::Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let expired = Instant::now();
+    assert!(hb.expire_sessions().await.expect("expire") >= 1);
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("the holder's lost signal after its session expired");
+    let lost_after = expired.elapsed();
+    assert!(
+        nodes(&ctx, &name).await.is_empty(),
+        "the expired holder's node is left"
+    );
+    drop(g);
+
+    // Under a waiter: the third client holds, the waiter queues, its
+    // session expires while it waits.
+    let g3 = third
+        .acquire(&name, &opts.wait(lockcore::Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let w = {
+        let (waiter, n, opts) = (waiter.clone(), name.clone(), opts);
+        tokio::spawn(async move {
+            waiter
+                .acquire(&n, &opts.wait(lockcore::Wait::For(Duration::from_secs(30))))
+                .await
+        })
+    };
+    until_waiters(&third, &name, 1).await;
+    assert!(wb.expire_sessions().await.expect("expire") >= 1);
+    // The wait ends with an error, or goes on with a new session and node;
+    // either way it is not granted while the third client holds.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    if w.is_finished() {
+        match w.await.expect("waiter task") {
+            Ok(Some(_)) => panic!("the waiter was granted the lock after its session expired, while another client holds it (CURATOR-604)"),
+            Ok(None) => panic!("the wait timed out early"),
+            Err(e) => assert!(
+                matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Indeterminate),
+                "the waiter's error: {e}"
+            ),
+        }
+        // It asks again, with a new session: still behind the holder.
+        let again = waiter
+            .acquire(&name, &opts.wait(lockcore::Wait::Try))
+            .await
+            .expect("try after the expiry");
+        assert!(
+            again.is_none(),
+            "granted while another client holds the name (CURATOR-604)"
+        );
+    } else {
+        assert!(!w.is_finished());
+        // Still waiting: the release hands over to it, under a live session.
+        g3.release().await.expect("release");
+        let g2 = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("the waiter gets the lock after the release")
+            .expect("waiter task")
+            .expect("acquire")
+            .expect("granted");
+        assert!(g2.is_held());
+        must_not_get(&holder, &name).await;
+        g2.release().await.expect("release");
+        assert!(
+            nodes(&ctx, &name).await.is_empty(),
+            "nodes left: {:?}",
+            nodes(&ctx, &name).await
+        );
+        println!("FIGURES zk_session_expiry zk: holder_lost_after_expiry={}ms, waiter=went_on_with_a_new_session", lost_after.as_millis());
+        return;
+    }
+    must_not_get(&holder, &name).await;
+    g3.release().await.expect("release");
+    let g2 = waiter
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("the waiter gets it once free");
+    g2.release().await.expect("release");
+    assert!(
+        nodes(&ctx, &name).await.is_empty(),
+        "nodes left: {:?}",
+        nodes(&ctx, &name).await
+    );
+    println!("FIGURES zk_session_expiry zk: holder_lost_after_expiry={}ms, waiter=failed_cleanly_then_waited_again", lost_after.as_millis());
+}
+
+/// `l` cannot take `name` now (proven by a try on the server).
+async fn must_not_get(l: &Locker, name: &str) {
+    assert!(
+        l.try_lock(name).await.expect("try").is_none(),
+        "a second client got {name}"
     );
 }
 
@@ -571,6 +699,9 @@ fn main() -> std::process::ExitCode {
         .only_own_cases()
         .case("fifty_waiters_one_wakeup_per_release", |ctx| {
             Box::pin(fifty_waiters_one_wakeup_per_release(ctx))
+        })
+        .case("session_expiry_under_holder_and_waiter", |ctx| {
+            Box::pin(session_expiry_under_holder_and_waiter(ctx))
         })
         .case("ttl_outside_server_bounds", |ctx| {
             Box::pin(ttl_outside_server_bounds(ctx))

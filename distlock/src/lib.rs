@@ -186,4 +186,44 @@ mod tests {
             assert!(e.to_string().contains(needle), "{url}: {e}");
         }
     }
+
+    /// Malformed URLs of every compiled-in backend: a clear
+    /// `InvalidConfig`, at once, without asking any server.
+    #[tokio::test]
+    async fn malformed_backend_urls_are_invalid_config() {
+        let bad: Vec<&str> = vec![
+            #[cfg(feature = "redis")]
+            "redis://127.0.0.1:99999",
+            #[cfg(feature = "redis")]
+            "redis://127.0.0.1:6379?response_timeout_ms=soon",
+            #[cfg(feature = "redis")]
+            "redis://127.0.0.1:6379?no_such_option=1",
+            #[cfg(feature = "redis")]
+            "redlock://",
+            #[cfg(feature = "zk")]
+            "zk://",
+            #[cfg(feature = "zk")]
+            "zk://127.0.0.1:notaport",
+            #[cfg(feature = "zk")]
+            "zk://127.0.0.1:2181?connect_timeout_ms=-1",
+            #[cfg(feature = "etcd")]
+            "etcd://127.0.0.1:2379?request_timeout_ms=x",
+            #[cfg(feature = "etcd")]
+            "etcd://:2379",
+            #[cfg(feature = "mysql")]
+            "mysql://u:p@127.0.0.1:3306/db?pool_size=zero",
+            #[cfg(feature = "mysql")]
+            "mysql://u:p@127.0.0.1:3306/db?table=a;b",
+        ];
+        for url in bad {
+            let t = std::time::Instant::now();
+            let e = connect(url).await.expect_err(url);
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}: {e}");
+            assert!(
+                t.elapsed() < std::time::Duration::from_millis(500),
+                "{url} took {:?}",
+                t.elapsed()
+            );
+        }
+    }
 }

@@ -45,11 +45,17 @@ pub async fn odd_and_invalid_names(ctx: Ctx) {
         let err = a.try_lock(bad).await.expect_err("invalid name accepted");
         assert_eq!(err.kind(), ErrorKind::InvalidName, "{bad:?}: {err}");
     }
-    let err = a
-        .acquire(&base, &LockOptions::new().ttl(Duration::ZERO))
-        .await
-        .expect_err("zero ttl accepted");
-    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    for ttl in [
+        Duration::ZERO,
+        lockcore::MIN_TTL - Duration::from_millis(1),
+        lockcore::MAX_TTL + Duration::from_secs(1),
+    ] {
+        let err = a
+            .acquire(&base, &LockOptions::new().ttl(ttl))
+            .await
+            .expect_err("an out-of-range ttl accepted");
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "ttl {ttl:?}: {err}");
+    }
 }
 
 /// Names whose first character is special to some keyspace (`}`, `{`, `/`,
