@@ -5,10 +5,10 @@
 //! majority (N/2+1) granted it, with validity = ttl − elapsed − drift
 //! (drift = ttl·1% + 2 ms). A failed attempt is undone on every instance,
 //! also those that errored or timed out, then retried after a random delay
-//! or a release wake-up. A renewal counts only when a majority renewed; an
-//! instance that lost the key (restarted without persistence) gets it back
-//! by `SET NX` in the renewal, so restarts one after another never leave
-//! the holder on a minority.
+//! or a release wake-up. A renewal counts only when a majority renewed;
+//! then an instance that lost the key (restarted without persistence) gets
+//! it back by `SET NX`, so restarts one after another never leave the
+//! holder on a minority.
 //!
 //! **No fencing.** The instances are independent: no counter rises
 //! monotonically across them, and a token from one instance's counter can go
@@ -26,7 +26,7 @@ use lockcore::retry::jitter_between;
 use crate::backend::wait_turn;
 use crate::config::{RedisConfig, Topology, NAME};
 use crate::conn::{Conn, Managed};
-use crate::scripts::{ttl_ms, Keys, ACQUIRE_PLAIN, RELEASE, RENEW_OR_RETAKE};
+use crate::scripts::{ttl_ms, Keys, ACQUIRE_PLAIN, RELEASE, RENEW_OR_MISSING};
 use crate::wake::{Subscription, Wakeups};
 
 /// One master: its connection (made in the background, replaced when it
@@ -95,6 +95,18 @@ impl RedLockBackend {
 /// `Some(reply)` per instance that answered.
 async fn on_all(
     instances: &[Instance],
+    limit: Duration,
+    script: &redis::Script,
+    key: &str,
+    args: &[&str],
+) -> Vec<Option<(i64, i64)>> {
+    let all: Vec<&Instance> = instances.iter().collect();
+    on_each(&all, limit, script, key, args).await
+}
+
+/// [`on_all`] over some of the instances.
+async fn on_each(
+    instances: &[&Instance],
     limit: Duration,
     script: &redis::Script,
     key: &str,
@@ -255,16 +267,42 @@ struct RedLockLease {
 impl BackendLease for RedLockLease {
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let sent = Instant::now();
+        let ttl_arg = ttl_ms(ttl);
         let replies = on_all(
             &self.instances,
             self.limit,
-            &RENEW_OR_RETAKE,
+            &RENEW_OR_MISSING,
             &self.keys.lock,
-            &[&self.token, &ttl_ms(ttl)],
+            &[&self.token, &ttl_arg],
         )
         .await;
-        let renewed = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
+        let mut renewed = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
         let refused = replies.iter().filter(|r| matches!(r, Some((0, _)))).count();
+        // Renewed on a majority: take the key back where an instance lost it
+        // (restarted without persistence), with NX, so that restarts one
+        // after another never leave the holder on a minority (redsync #149).
+        // Without a majority nothing is taken back: a lease an operator
+        // deleted everywhere stays deleted.
+        if renewed >= self.quorum {
+            let missing: Vec<&Instance> = self
+                .instances
+                .iter()
+                .zip(&replies)
+                .filter(|(_, r)| matches!(r, Some((-1, _))))
+                .map(|(i, _)| i)
+                .collect();
+            if !missing.is_empty() {
+                let retaken = on_each(
+                    &missing,
+                    self.limit,
+                    &ACQUIRE_PLAIN,
+                    &self.keys.lock,
+                    &[&self.token, &ttl_arg],
+                )
+                .await;
+                renewed += retaken.iter().filter(|r| matches!(r, Some((1, _)))).count();
+            }
+        }
         let valid_until = validity_deadline(sent, ttl);
         if renewed >= self.quorum && Instant::now() < valid_until {
             return Ok(Renewal::Renewed { valid_until });

@@ -55,20 +55,17 @@ return 0",
 });
 
 /// RedLock's renewal on one instance: `PEXPIRE` if the key holds this
-/// owner's token; if the instance has lost the key (restarted without
-/// persistence, or it expired there first), take it again with `SET NX PX`.
-/// 1 or 0. `NX` never takes a key from another owner, so while another
-/// client holds a majority this renews on a minority at most; without the
-/// retake, sequential restarts would leave the holder on a minority while it
-/// still believes it holds the lock (redsync #149).
-pub(crate) static RENEW_OR_RETAKE: LazyLock<Script> = LazyLock::new(|| {
+/// owner's token (1); -1 when the instance has no such key (it restarted
+/// without persistence, it expired there first, or an operator deleted it);
+/// 0 when another owner holds it.
+pub(crate) static RENEW_OR_MISSING: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-if not v and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
+if not v then
+  return -1
 end
 return 0",
     )
