@@ -176,32 +176,48 @@ impl Session {
     /// (`KillServerSession`): this handle then sees its session expire.
     pub(crate) async fn expire_on_server(&self, cfg: &ZkConfig) -> Result<()> {
         let info = self.client()?.session().clone();
-        let mut connector = zk::Client::connector()
-            .with_session(info)
-            .with_session_timeout(self.timeout);
-        if let Some((user, pass)) = &cfg.digest {
-            connector =
-                connector.with_auth("digest", format!("{user}:{}", pass.expose()).as_bytes());
-        }
         let hosts = cfg.connect_string();
-        let twin = tokio::time::timeout(cfg.connect_timeout, connector.connect(&hosts))
-            .await
-            .map_err(|_| {
-                Error::unavailable(
-                    NAME,
-                    format!("reopening session {:#x} on {hosts}: no answer", self.id),
-                )
-            })?
-            .map_err(|e| {
-                map_err(
-                    e,
-                    format!("reopening session {:#x} on {hosts}", self.id),
-                    false,
-                )
-            })?;
-        // Not detached: dropping it sends closeSession.
-        drop(twin);
-        Ok(())
+        // The session's own handle reconnects as soon as the server hands
+        // the session to the twin, and may take it back before the twin's
+        // handshake is answered: try again, a few times, until one twin
+        // gets through or the session is seen to have ended.
+        let mut last = None;
+        for _ in 0..4 {
+            if self.is_dead() {
+                return Ok(());
+            }
+            let mut connector = zk::Client::connector()
+                .with_session(info.clone())
+                .with_session_timeout(self.timeout);
+            if let Some((user, pass)) = &cfg.digest {
+                connector =
+                    connector.with_auth("digest", format!("{user}:{}", pass.expose()).as_bytes());
+            }
+            match tokio::time::timeout(cfg.connect_timeout, connector.connect(&hosts)).await {
+                // Not detached: dropping it sends closeSession.
+                Ok(Ok(twin)) => {
+                    drop(twin);
+                    return Ok(());
+                }
+                Ok(Err(zk::Error::SessionExpired)) => return Ok(()),
+                Ok(Err(e)) => {
+                    last = Some(map_err(
+                        e,
+                        format!("reopening session {:#x} on {hosts}", self.id),
+                        false,
+                    ))
+                }
+                Err(_) => {
+                    last = Some(Error::unavailable(
+                        NAME,
+                        format!("reopening session {:#x} on {hosts}: no answer", self.id),
+                    ))
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            Error::unavailable(NAME, format!("reopening session {:#x}", self.id))
+        }))
     }
 
     /// Ends the session without a goodbye (the server expires it).

@@ -20,6 +20,17 @@
 //! | `etcd://h1:2379,h2:2379`, `etcds://...` | etcd (`lockcore-etcd`) | `etcd` |
 //! | `mysql://user:pass@host/db`, `mariadb://...` | MySQL 8 / MariaDB (`lockcore-mysql`) | `mysql` |
 //! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
+//! | `migrate:OLD\|NEW[#fence_offset=N]` | both at once, while a fleet moves from OLD to NEW ([`lockcore::migrate`]) | those of OLD and NEW |
+//!
+//! ## Migration
+//!
+//! A service moves between backends by changing one setting: its lock URL
+//! goes from `redis://...` to `migrate:redis://...|zk://...` (rolled out to
+//! every instance), then to `zk://...`. The migrating client takes each
+//! name on the old backend, then on the new one, so it excludes both
+//! old-only and new-only clients; old-only and new-only clients must never
+//! run at the same time. See [`lockcore::migrate`] for the procedure, how
+//! to check that a phase is complete, and the fencing offset.
 //!
 //! Everything of [`lockcore`] is re-exported here.
 
@@ -69,6 +80,50 @@ macro_rules! entry {
     }};
 }
 
+/// `OLD|NEW[#fence_offset=N]`, connected to both.
+async fn connect_migrating(pair: &str, offset: u64) -> Result<Locker> {
+    let bad = |why: String| Error::invalid_config(FACADE, format!("migrate:{pair}: {why}"));
+    let (old, new) = pair
+        .split_once('|')
+        .ok_or_else(|| bad("expected two lock URLs: migrate:OLD|NEW".to_owned()))?;
+    if old.starts_with("migrate:") || new.starts_with("migrate:") || new.contains('|') {
+        return Err(bad(
+            "expected exactly two lock URLs, neither a migrate: one".to_owned(),
+        ));
+    }
+    let old = connect_one(old).await?;
+    let new = connect_one(new).await?;
+    Ok(Locker::new(
+        migrate::Migrating::new(old.backend().clone(), new.backend().clone()).fence_offset(offset),
+    ))
+}
+
+/// Splits `#fence_offset=N` off the end of a lock URL.
+fn split_options(url: &str) -> Result<(&str, u64)> {
+    let Some((rest, options)) = url.split_once('#') else {
+        return Ok((url, 0));
+    };
+    let bad = |why: String| {
+        Error::invalid_config(FACADE, format!("{}: {why}", lockcore::address::redact(url)))
+    };
+    let mut offset = 0u64;
+    for kv in options.split('&').filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some(("fence_offset", v)) => {
+                offset = v
+                    .parse()
+                    .map_err(|e| bad(format!("fence_offset={v}: {e}")))?;
+            }
+            _ => {
+                return Err(bad(format!(
+                    "unknown option {kv:?} after '#' (fence_offset=N)"
+                )))
+            }
+        }
+    }
+    Ok((rest, offset))
+}
+
 /// Every backend but the in-memory one, in one table.
 fn backends() -> [Entry; 4] {
     [
@@ -94,6 +149,13 @@ fn backends() -> [Entry; 4] {
 /// - `memory://` is the process-wide in-memory server, `memory://NAME` a
 ///   named one: separate `connect` calls with one URL lock against each
 ///   other, as separate connections to one server would.
+/// - `migrate:OLD|NEW` holds every name on both backends while a fleet
+///   moves from `OLD` to `NEW` (see [Migration](crate#migration)). A `|`
+///   or `#` inside either URL must be percent-encoded.
+/// - `#fence_offset=N` at the end of any of these adds `N` to every fencing
+///   token (to the new backend's, for `migrate:`), so that tokens keep
+///   rising when their source changes: the migrating clients of phase 2
+///   and the new-only clients of phase 3 use the same offset.
 ///
 /// # Errors
 ///
@@ -107,6 +169,20 @@ fn backends() -> [Entry; 4] {
 /// Cancel safe: a dropped call leaves no lock state behind (at most a
 /// connection that is closed when dropped).
 pub async fn connect(url: &str) -> Result<Locker> {
+    let (url, offset) = split_options(url)?;
+    if let Some(pair) = url.strip_prefix("migrate:") {
+        return connect_migrating(pair, offset).await;
+    }
+    let locker = connect_one(url).await?;
+    Ok(if offset == 0 {
+        locker
+    } else {
+        Locker::new(migrate::OffsetFences::new(locker.backend().clone(), offset))
+    })
+}
+
+/// Connects to one backend by its URL's scheme.
+async fn connect_one(url: &str) -> Result<Locker> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
     for b in backends() {
         if b.schemes.contains(&scheme) {
@@ -160,6 +236,46 @@ mod tests {
         assert!(b.try_lock("x").await.unwrap().is_none());
         assert!(c.try_lock("x").await.unwrap().is_some());
         g.release().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn fence_offsets_and_migrating_pairs_by_url() {
+        let plain = connect("memory://offset-test").await.unwrap();
+        let shifted = connect("memory://offset-test#fence_offset=1000")
+            .await
+            .unwrap();
+        let g = shifted.lock("x").await.unwrap();
+        assert!(g.fence().unwrap() > 1000);
+        assert!(plain.try_lock("x").await.unwrap().is_none(), "one server");
+        g.release().await.unwrap();
+
+        let old = connect("memory://mig-old").await.unwrap();
+        let new = connect("memory://mig-new").await.unwrap();
+        let m = connect("migrate:memory://mig-old|memory://mig-new#fence_offset=7")
+            .await
+            .unwrap();
+        let g = m.lock("x").await.unwrap();
+        assert!(
+            old.try_lock("x").await.unwrap().is_none(),
+            "held on the old"
+        );
+        assert!(
+            new.try_lock("x").await.unwrap().is_none(),
+            "held on the new"
+        );
+        assert!(g.fence().unwrap() > 7);
+        g.release().await.unwrap();
+
+        for (url, needle) in [
+            ("memory://#fence_offset=x", "fence_offset=x"),
+            ("memory://#color=red", "unknown option"),
+            ("migrate:memory://a", "two lock URLs"),
+            ("migrate:memory://a|memory://b|memory://c", "exactly two"),
+        ] {
+            let e = connect(url).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+            assert!(e.to_string().contains(needle), "{url}: {e}");
+        }
     }
 
     /// The schemes listed for a backend that is not compiled in are the

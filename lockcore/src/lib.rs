@@ -58,6 +58,7 @@ mod held;
 pub mod history;
 mod locker;
 pub mod memory;
+pub mod migrate;
 pub mod name;
 pub mod options;
 mod owner;

@@ -84,6 +84,8 @@ pub struct UrlHarness {
     connect: ConnectFn,
     /// The default port of the URL's hosts, when clients may be proxied.
     proxy_port: Option<u16>,
+    /// A URL of the same backend where no server answers.
+    unreachable: Option<String>,
 }
 
 impl std::fmt::Debug for UrlHarness {
@@ -102,6 +104,23 @@ impl UrlHarness {
             url: url.into(),
             connect,
             proxy_port: None,
+            unreachable: None,
+        })
+    }
+
+    /// Like [`shared`](UrlHarness::shared), and the "server absent" case
+    /// connects to `unreachable`, a URL of the same backend where no server
+    /// answers.
+    pub fn with_unreachable(
+        url: impl Into<String>,
+        unreachable: impl Into<String>,
+        connect: ConnectFn,
+    ) -> Arc<dyn Harness> {
+        Arc::new(UrlHarness {
+            url: url.into(),
+            connect,
+            proxy_port: None,
+            unreachable: Some(unreachable.into()),
         })
     }
 
@@ -118,6 +137,7 @@ impl UrlHarness {
             url: url.into(),
             connect,
             proxy_port: Some(default_port),
+            unreachable: None,
         })
     }
 }
@@ -126,6 +146,11 @@ impl UrlHarness {
 impl Harness for UrlHarness {
     async fn connect(&self) -> lockcore::Result<Locker> {
         (self.connect)(self.url.clone()).await
+    }
+
+    async fn connect_unreachable(&self) -> Option<lockcore::Result<Locker>> {
+        let url = self.unreachable.clone()?;
+        Some((self.connect)(url).await)
     }
 
     fn can_proxy(&self) -> bool {

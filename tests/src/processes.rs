@@ -15,7 +15,7 @@
 //! (they end when it died). At the end the journals go through
 //! [`lockcore::history::check`]: no two valid leases on a name overlapped
 //! and tokens rose. Then the harness reports what is left on the server
-//! ([`Harness::leftovers`](crate::Harness::leftovers)): nothing may be.
+//! ([`crate::Harness::leftovers`]): nothing may be.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -117,6 +117,13 @@ pub struct Soak {
     pub kill_workers: bool,
     /// Server faults, applied in turn.
     pub server_faults: Vec<ServerFault>,
+    /// The targets of this binary the workers connect through, in turn
+    /// (empty: the case's own target). Workers of several targets on one
+    /// set of names: a migration's phases.
+    pub workers_of: Vec<String>,
+    /// Whether tokens must rise across the whole history (not when the
+    /// workers' tokens come from different backends).
+    pub check_tokens: bool,
 }
 
 impl Default for Soak {
@@ -133,6 +140,8 @@ impl Default for Soak {
             client_faults: true,
             kill_workers: true,
             server_faults: Vec::new(),
+            workers_of: Vec::new(),
+            check_tokens: true,
         }
     }
 }

@@ -1,0 +1,96 @@
+//! Migration phases across processes, with real servers: old-only with
+//! migrating clients, and migrating with new-only clients, contending for
+//! a few names (workers killed and replaced now and then); the history of
+//! every process shows no overlap. Redis → ZooKeeper and Redis → etcd.
+//! One case at a time: each starts its own worker processes.
+
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use lockcore_conformance::{
+    run_serial, ConnectFuture, Ctx, Harness, Soak, Target, UrlHarness, COMPOSE_HINT,
+};
+
+/// Above any Redis token (microseconds since 1970) until 2112.
+const OFFSET: u64 = 1 << 52;
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+fn connect(url: String) -> ConnectFuture {
+    Box::pin(async move { distlock::connect(&url).await })
+}
+
+/// The migrating URL from Redis to `new_var`'s backend.
+fn migrating(new_var: &str) -> String {
+    format!(
+        "migrate:{}|{}#fence_offset={OFFSET}",
+        var("LOCKTEST_REDIS_URL"),
+        var(new_var)
+    )
+}
+
+/// A target whose clients connect to `url()` (read when the target starts),
+/// needing every variable of `vars`.
+fn target(name: &str, vars: &'static [&'static str], url: fn() -> String) -> Target {
+    Target::new(name, Some(vars[0]), move |_| async move {
+        for v in vars {
+            if var(v).is_empty() {
+                return Err(lockcore::Error::invalid_config(
+                    "test",
+                    format!("{v} is unset"),
+                ));
+            }
+        }
+        Ok(UrlHarness::shared(url(), connect) as Arc<dyn Harness>)
+    })
+    .hint(COMPOSE_HINT)
+}
+
+const REDIS_ZK: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ZK_URL"];
+const REDIS_ETCD: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ETCD_URL"];
+
+/// Soak workers of two kinds on one set of names; the history of every
+/// process must show no overlap (tokens come from two backends, so only
+/// overlaps are checked).
+async fn mixed(ctx: Ctx, kinds: [&'static str; 2]) {
+    let report = Soak {
+        processes: 8,
+        workers_of: kinds.iter().map(|k| (*k).to_owned()).collect(),
+        client_faults: false,
+        check_tokens: false,
+        ..Soak::default()
+    }
+    .run(&ctx)
+    .await;
+    eprintln!("{} {kinds:?}: {report:?}", ctx.target);
+    assert!(report.leases > 10, "too few leases to tell: {report:?}");
+}
+
+fn main() -> std::process::ExitCode {
+    run_serial(vec![
+        // Workers of the phases, by target name.
+        target("old-redis", REDIS_ZK, || var("LOCKTEST_REDIS_URL")).only_own_cases(),
+        target("new-zk", REDIS_ZK, || var("LOCKTEST_ZK_URL")).only_own_cases(),
+        target("new-etcd", REDIS_ETCD, || var("LOCKTEST_ETCD_URL")).only_own_cases(),
+        target("redis-zk", REDIS_ZK, || migrating("LOCKTEST_ZK_URL"))
+            .only_own_cases()
+            .case("old_only_with_migrating", |ctx| {
+                Box::pin(mixed(ctx, ["old-redis", "redis-zk"]))
+            })
+            .case("migrating_with_new_only", |ctx| {
+                Box::pin(mixed(ctx, ["redis-zk", "new-zk"]))
+            }),
+        target("redis-etcd", REDIS_ETCD, || migrating("LOCKTEST_ETCD_URL"))
+            .only_own_cases()
+            .case("old_only_with_migrating", |ctx| {
+                Box::pin(mixed(ctx, ["old-redis", "redis-etcd"]))
+            })
+            .case("migrating_with_new_only", |ctx| {
+                Box::pin(mixed(ctx, ["redis-etcd", "new-etcd"]))
+            }),
+    ])
+}

@@ -1,0 +1,551 @@
+//! Moving a fleet from one backend to another without a moment of double
+//! ownership: a backend that holds each name on two backends at once.
+//!
+//! [`Migrating`] takes a name on the *old* backend first, then on the *new*
+//! one (always in that order, so two migrating clients cannot deadlock),
+//! renews both through the guard's one watchdog, releases both, and fires
+//! the lost signal when either lease is lost. Its fencing token is the new
+//! backend's, plus a [fence offset](Migrating::fence_offset). Its
+//! [`Capabilities`] are the weaker of the two.
+//!
+//! ## The procedure
+//!
+//! 1. Every client locks through the old backend.
+//! 2. Rolling restart to *migrating* (`migrate:OLD|NEW` in
+//!    `distlock::connect`). While this runs, old-only and migrating clients
+//!    exclude each other on the old backend: safe.
+//! 3. Once no client uses the old backend alone, rolling restart to the new
+//!    backend only. Migrating and new-only clients exclude each other on the
+//!    new backend: safe.
+//!
+//! **Never** run an old-only client beside a new-only one: they share no
+//! backend and can both hold a name (the test suite shows it). Before step
+//! 3, check that phase 2 is complete: every client's configuration says
+//! `migrate:`, and `distlock inspect NAME` on the old backend shows only
+//! migrating holders (their owner tokens also appear on the new backend).
+//!
+//! ## Fencing across the change
+//!
+//! A resource that checks fencing tokens sees the token source change at
+//! step 2: old-only holders carry the old backend's tokens, migrating and
+//! new-only holders the new backend's. The new tokens must compare above
+//! every old token, or the resource's gate is reset deliberately. Set the
+//! offset above any token the old backend has issued or will issue during
+//! the migration (for Redis, whose tokens are microseconds since 1970,
+//! `1 << 52` lasts until 2112; for etcd or MySQL, above the current
+//! revision or counter, with room), and keep the same offset on the
+//! new-only clients of step 3 ([`OffsetFences`]). During step 2 an old-only
+//! client's write that follows a migrating client's write is refused as
+//! stale: safe, and one more reason to finish step 2 before writers resume.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use lockcore::{Locker, memory::MemoryBackend, migrate::Migrating};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+//! let old_only = Locker::new(old.clone());
+//! let migrating = Locker::new(Migrating::new(Arc::new(old), Arc::new(new)).fence_offset(1 << 40));
+//!
+//! let g = migrating.lock("jobs/nightly").await?;
+//! assert!(g.fence().unwrap() > 1 << 40);
+//! assert!(old_only.try_lock("jobs/nightly").await?.is_none()); // excluded on the old backend
+//! g.release().await?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{AcquireRequest, Backend, BackendLease, Grant, LockInfo, Released, Renewal};
+use crate::capabilities::{Capabilities, Fencing, LeaseKind};
+use crate::cleanup::CleanupOnDrop;
+use crate::error::{Error, Result};
+
+/// The backend name of a [`Migrating`] pair in errors and logs.
+pub const NAME: &str = "migrate";
+
+/// A backend that holds every name on an old and a new backend at once
+/// (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct Migrating {
+    old: Arc<dyn Backend>,
+    new: Arc<dyn Backend>,
+    offset: u64,
+}
+
+impl Migrating {
+    /// Locks on `old`, then on `new`; tokens are `new`'s (offset 0).
+    pub fn new(old: Arc<dyn Backend>, new: Arc<dyn Backend>) -> Self {
+        Migrating {
+            old,
+            new,
+            offset: 0,
+        }
+    }
+
+    /// Adds `offset` to every token of the new backend, so that they compare
+    /// above the old backend's (see [Fencing across the
+    /// change](self#fencing-across-the-change)).
+    #[must_use]
+    pub fn fence_offset(mut self, offset: u64) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// The old backend.
+    pub fn old(&self) -> &Arc<dyn Backend> {
+        &self.old
+    }
+
+    /// The new backend.
+    pub fn new_backend(&self) -> &Arc<dyn Backend> {
+        &self.new
+    }
+}
+
+/// The weaker of two fencing promises.
+fn weaker_fencing(a: Fencing, b: Fencing) -> Fencing {
+    match (a, b) {
+        (Fencing::None, _) | (_, Fencing::None) => Fencing::None,
+        (Fencing::StrictWhileDataKept, _) | (_, Fencing::StrictWhileDataKept) => {
+            Fencing::StrictWhileDataKept
+        }
+        _ => Fencing::Strict,
+    }
+}
+
+/// The weaker of two lease kinds: a connection-kept lease ends with a
+/// connection; a session outlives a broken connection for its timeout; a
+/// ttl outlives both.
+fn weaker_lease(a: LeaseKind, b: LeaseKind) -> LeaseKind {
+    match (a, b) {
+        (LeaseKind::Connection, _) | (_, LeaseKind::Connection) => LeaseKind::Connection,
+        (LeaseKind::Session, _) | (_, LeaseKind::Session) => LeaseKind::Session,
+        _ => LeaseKind::Ttl,
+    }
+}
+
+fn offset_fence(fence: Option<u64>, offset: u64, fencing: Fencing) -> Result<Option<u64>> {
+    if fencing == Fencing::None {
+        return Ok(None);
+    }
+    match fence {
+        None => Ok(None),
+        Some(f) => f.checked_add(offset).map(Some).ok_or_else(|| {
+            Error::invalid_config(
+                NAME,
+                format!("fence offset {offset} overflows the new backend's token {f}"),
+            )
+        }),
+    }
+}
+
+/// The lost signals of a migrating lock: each half's and the guard's.
+struct LostSignals {
+    old: CancellationToken,
+    new: CancellationToken,
+    guard: CancellationToken,
+}
+
+/// Fires all three lost signals once any of them fires, then releases both
+/// halves: the guard learns of a lost half, and the half still held is
+/// freed at once for the next holder instead of at the end of its ttl.
+/// Ends when `done` fires (the lock was released or abandoned).
+fn relay_lost(
+    lost: LostSignals,
+    old: Arc<dyn BackendLease>,
+    new: Arc<dyn BackendLease>,
+    done: CancellationToken,
+) {
+    let relay = async move {
+        tokio::select! {
+            biased;
+            () = done.cancelled() => return,
+            () = lost.old.cancelled() => {}
+            () = lost.new.cancelled() => {}
+            () = lost.guard.cancelled() => {}
+        }
+        lost.guard.cancel();
+        lost.old.cancel();
+        lost.new.cancel();
+        // Owner-checked on the server: a half already gone is left alone.
+        let (_, _) = tokio::join!(new.release(), old.release());
+    };
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(relay);
+    }
+}
+
+#[async_trait]
+impl Backend for Migrating {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let (a, b) = (self.old.capabilities(), self.new.capabilities());
+        Capabilities::new(
+            weaker_fencing(a.fencing, b.fencing),
+            weaker_lease(a.lease, b.lease),
+        )
+        .fair(a.fair && b.fair)
+        .push_wakeup(a.push_wakeup && b.push_wakeup)
+        .inspect(a.inspect && b.inspect)
+        .cross_process(a.cross_process && b.cross_process)
+    }
+
+    /// Takes `req.name` on the old backend, then on the new one, both by
+    /// `req.deadline`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a drop after the old backend granted the name releases
+    /// it there in the background; each backend undoes its own half-done
+    /// step.
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+        let old_lost = CancellationToken::new();
+        let Some(old) = self
+            .old
+            .acquire(AcquireRequest {
+                name: req.name,
+                owner: req.owner,
+                ttl: req.ttl,
+                deadline: req.deadline,
+                lost: &old_lost,
+            })
+            .await?
+        else {
+            return Ok(None);
+        };
+        let old_lease: Arc<dyn BackendLease> = Arc::from(old.lease);
+        let undo = {
+            let lease = old_lease.clone();
+            CleanupOnDrop::new(
+                "release the old backend's half of a migrating lock",
+                async move {
+                    let _ = lease.release().await;
+                },
+            )
+        };
+        let new_lost = CancellationToken::new();
+        let new = self
+            .new
+            .acquire(AcquireRequest {
+                name: req.name,
+                owner: req.owner,
+                ttl: req.ttl,
+                deadline: req.deadline,
+                lost: &new_lost,
+            })
+            .await;
+        let new = match new {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                undo.run_now().await;
+                return Ok(None);
+            }
+            Err(e) => {
+                undo.run_now().await;
+                return Err(e);
+            }
+        };
+        let fence = match offset_fence(new.fence, self.offset, self.capabilities().fencing) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = new.lease.release().await;
+                undo.run_now().await;
+                return Err(e);
+            }
+        };
+        undo.disarm();
+        let done = CancellationToken::new();
+        let new_lease: Arc<dyn BackendLease> = Arc::from(new.lease);
+        relay_lost(
+            LostSignals {
+                old: old_lost,
+                new: new_lost,
+                guard: req.lost.clone(),
+            },
+            old_lease.clone(),
+            new_lease.clone(),
+            done.clone(),
+        );
+        Ok(Some(Grant {
+            lease: Box::new(MigratingLease {
+                old: old_lease,
+                new: new_lease,
+                done,
+            }),
+            fence,
+            valid_until: old.valid_until.min(new.valid_until),
+        }))
+    }
+
+    /// The holder as the new backend sees it (with the offset applied to
+    /// its token), else as the old backend does (an old-only client); the
+    /// waiters queued on either backend, where both can count them.
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        let (old, new) = tokio::join!(self.old.inspect(name), self.new.inspect(name));
+        let (old, new) = (old?, new?);
+        let fencing = self.new.capabilities().fencing;
+        let new_holder = match new.as_ref().and_then(|i| i.holder.clone()) {
+            Some(mut h) => {
+                h.fence = offset_fence(h.fence, self.offset, fencing)?;
+                Some(h)
+            }
+            None => None,
+        };
+        let old_holder = old.as_ref().and_then(|i| i.holder.clone());
+        // Counted only where both backends can count.
+        let waiters = match (
+            old.as_ref().and_then(|i| i.waiters),
+            new.as_ref().and_then(|i| i.waiters),
+        ) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        if old.is_none() && new.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(LockInfo::new(new_holder.or(old_holder), waiters)))
+    }
+}
+
+/// Both halves of a migrating lock.
+struct MigratingLease {
+    old: Arc<dyn BackendLease>,
+    new: Arc<dyn BackendLease>,
+    /// Ends the lost relay once the lease is released or abandoned.
+    done: CancellationToken,
+}
+
+impl fmt::Debug for MigratingLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MigratingLease")
+            .field("old", &self.old)
+            .field("new", &self.new)
+            .finish()
+    }
+}
+
+impl Drop for MigratingLease {
+    fn drop(&mut self) {
+        self.done.cancel();
+    }
+}
+
+#[async_trait]
+impl BackendLease for MigratingLease {
+    /// Renews both at once: renewed only when both are, lost when either
+    /// is.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped renewal at most extended a lease.
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        let (a, b) = tokio::join!(self.old.renew(ttl), self.new.renew(ttl));
+        match (a, b) {
+            (Ok(Renewal::Lost), _) | (_, Ok(Renewal::Lost)) => Ok(Renewal::Lost),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(Renewal::Renewed { valid_until: x }), Ok(Renewal::Renewed { valid_until: y })) => {
+                Ok(Renewal::Renewed {
+                    valid_until: x.min(y),
+                })
+            }
+        }
+    }
+
+    /// Releases the new backend's half, then the old one's (the reverse of
+    /// acquisition), trying both whatever the first one answers.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may have released one half; the other ends by its
+    /// ttl, session or connection.
+    async fn release(&self) -> Result<Released> {
+        let new = self.new.release().await;
+        let old = self.old.release().await;
+        self.done.cancel();
+        match (new, old) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(Released::Released), Ok(Released::Released)) => Ok(Released::Released),
+            _ => Ok(Released::NotHeld),
+        }
+    }
+
+    fn abandon(&self) {
+        self.new.abandon();
+        self.old.abandon();
+        self.done.cancel();
+    }
+}
+
+/// A backend whose fencing tokens are shifted by a fixed offset: the
+/// new-only clients of step 3 of a migration keep the offset the migrating
+/// clients used (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct OffsetFences {
+    inner: Arc<dyn Backend>,
+    offset: u64,
+}
+
+impl OffsetFences {
+    /// `inner` with `offset` added to every token.
+    pub fn new(inner: Arc<dyn Backend>, offset: u64) -> Self {
+        OffsetFences { inner, offset }
+    }
+}
+
+#[async_trait]
+impl Backend for OffsetFences {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    /// As the inner backend's, with the token shifted.
+    ///
+    /// # Cancel safety
+    ///
+    /// As the inner backend's.
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+        let Some(g) = self.inner.acquire(req).await? else {
+            return Ok(None);
+        };
+        match offset_fence(g.fence, self.offset, self.inner.capabilities().fencing) {
+            Ok(fence) => Ok(Some(Grant { fence, ..g })),
+            Err(e) => {
+                let _ = g.lease.release().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::memory::MemoryBackend;
+    use crate::{LockOptions, Locker, Wait};
+
+    const BOUND: Duration = Duration::from_secs(5);
+
+    fn pair() -> (MemoryBackend, MemoryBackend, Locker) {
+        let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+        let m = Locker::new(Migrating::new(Arc::new(old.clone()), Arc::new(new.clone())));
+        (old, new, m)
+    }
+
+    #[tokio::test]
+    async fn a_lost_half_fires_lost_and_frees_the_other_half() {
+        for old_half in [true, false] {
+            let (old, new, m) = pair();
+            let opts = LockOptions::new().ttl(Duration::from_secs(30));
+            let g = m.acquire("x", &opts).await.unwrap().unwrap();
+            let (lost_on, other) = if old_half { (&old, &new) } else { (&new, &old) };
+            assert!(lost_on.revoke("x"));
+            tokio::time::timeout(BOUND, g.lost())
+                .await
+                .expect("lost fires when either half is lost");
+            // The other half is freed at once, not after its 30 s ttl.
+            let other = Locker::new(other.clone());
+            let t = other
+                .acquire("x", &LockOptions::new().wait(Wait::For(BOUND)))
+                .await
+                .unwrap();
+            assert!(t.is_some(), "the half still held was not released");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_acquire_leaves_neither_half() {
+        let (old, new, m) = pair();
+        let new_only = Locker::new(new.clone());
+        let blocker = new_only.lock("x").await.unwrap();
+        let waiting = tokio::spawn(async move {
+            m.acquire(
+                "x",
+                &LockOptions::new().wait(Wait::For(Duration::from_secs(60))),
+            )
+            .await
+        });
+        // Wait until the migrating client holds the old half and queues on
+        // the new backend, then drop its acquire there.
+        while Locker::new(old.clone())
+            .try_lock("x")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            tokio::task::yield_now().await;
+        }
+        waiting.abort();
+        let _ = waiting.await;
+        let old_only = Locker::new(old.clone());
+        let got = old_only
+            .acquire("x", &LockOptions::new().wait(Wait::For(BOUND)))
+            .await
+            .unwrap();
+        assert!(got.is_some(), "a dropped acquire left the old half held");
+        blocker.release().await.unwrap();
+        assert_eq!(
+            new.active_names(),
+            0,
+            "a dropped acquire left a waiter behind"
+        );
+    }
+
+    #[tokio::test]
+    async fn capabilities_are_the_weaker_and_tokens_are_offset() {
+        let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+        let m = Migrating::new(Arc::new(old), Arc::new(new)).fence_offset(1000);
+        let caps = m.capabilities();
+        assert_eq!(caps, MemoryBackend::new().capabilities());
+        let l = Locker::new(m);
+        let g = l.lock("x").await.unwrap();
+        assert!(g.fence().unwrap() > 1000);
+        let info = l.inspect("x").await.unwrap().unwrap();
+        assert_eq!(
+            info.holder.unwrap().fence,
+            g.fence(),
+            "inspect shows the offset token"
+        );
+        assert_eq!(
+            weaker_fencing(Fencing::Strict, Fencing::None),
+            Fencing::None
+        );
+        assert_eq!(
+            weaker_lease(LeaseKind::Ttl, LeaseKind::Connection),
+            LeaseKind::Connection
+        );
+    }
+
+    #[tokio::test]
+    async fn an_overflowing_offset_is_an_error_and_holds_nothing() {
+        let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+        let l = Locker::new(
+            Migrating::new(Arc::new(old.clone()), Arc::new(new.clone())).fence_offset(u64::MAX),
+        );
+        let err = l.try_lock("x").await.expect_err("the token overflows");
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig);
+        assert!(Locker::new(old).try_lock("x").await.unwrap().is_some());
+        assert!(Locker::new(new).try_lock("x").await.unwrap().is_some());
+    }
+}
