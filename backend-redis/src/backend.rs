@@ -186,8 +186,13 @@ impl Backend for RedisBackend {
                 Ok(v) => v,
                 Err(e) => {
                     let err = map_err(e, "acquire (SET NX PX)", &self.server, true);
-                    if err.kind() != ErrorKind::Indeterminate {
+                    // A script that failed midway (a foreign value where the
+                    // counter lives, say) keeps the writes made before the
+                    // failure: undo unless the request never left.
+                    if err.kind() == ErrorKind::Unavailable {
                         cleanup.disarm();
+                    } else {
+                        cleanup.run_now().await;
                     }
                     return Err(err);
                 }
@@ -199,13 +204,14 @@ impl Backend for RedisBackend {
                         return Err(e);
                     }
                 }
-                cleanup.disarm();
-                let fence = u64::try_from(value).map_err(|_| {
-                    Error::backend_error(
+                let Ok(fence) = u64::try_from(value) else {
+                    cleanup.run_now().await;
+                    return Err(Error::backend_error(
                         NAME,
                         format!("fencing counter {} is negative", keys.fence),
-                    )
-                })?;
+                    ));
+                };
+                cleanup.disarm();
                 return Ok(Some(Grant {
                     lease: Box::new(RedisLease::new(
                         self.conn.clone(),

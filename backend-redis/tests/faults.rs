@@ -464,6 +464,48 @@ async fn fence_counters_expire(ctx: Ctx) {
     );
 }
 
+/// An acquire whose script fails after its `SET NX` applied (here: a
+/// foreign value of another type where the fencing counter lives) is an
+/// error and leaves no lock key behind: the name is not blocked for a ttl.
+async fn failed_acquire_script_leaves_no_key(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("wrongtype");
+    let lock = lockcore_redis::lock_key("lock:", &name);
+    let fence = format!("{lock}:fence");
+    let client = redis::Client::open(ctx.config.as_str()).expect("url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection");
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(&fence)
+        .arg("not a counter")
+        .query_async(&mut c)
+        .await
+        .expect("RPUSH");
+    let err = l.try_lock(&name).await.expect_err("the counter is a list");
+    assert_eq!(err.kind(), lockcore::ErrorKind::Backend, "{err}");
+    // The undo runs in the background: give it a moment, bounded.
+    let mut exists: i64 = 1;
+    for _ in 0..100 {
+        exists = redis::cmd("EXISTS")
+            .arg(&lock)
+            .query_async(&mut c)
+            .await
+            .expect("EXISTS");
+        if exists == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _: i64 = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    assert_eq!(exists, 0, "the failed acquire left {lock} behind");
+}
+
 /// The replica-sync guard: an acquire succeeds while the replica confirms,
 /// and is refused (and undone) while the replica is paused.
 async fn replica_sync_guard(ctx: Ctx) {
@@ -673,6 +715,9 @@ fn main() -> std::process::ExitCode {
         .only_own_cases()
         .case("pubsub_recovers_from_a_dead_connection", |ctx| {
             Box::pin(pubsub_recovers_from_a_dead_connection(ctx))
+        })
+        .case("failed_acquire_script_leaves_no_key", |ctx| {
+            Box::pin(failed_acquire_script_leaves_no_key(ctx))
         })
         .case("fence_counters_expire", |ctx| {
             Box::pin(fence_counters_expire(ctx))

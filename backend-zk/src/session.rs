@@ -174,7 +174,11 @@ impl Session {
     /// Closes the session on the server from a second handle on the same
     /// session id and password, as ZooKeeper's own tests expire a session
     /// (`KillServerSession`): this handle then sees its session expire.
+    /// Returns once this handle has seen its session end.
     pub(crate) async fn expire_on_server(&self, cfg: &ZkConfig) -> Result<()> {
+        if self.is_dead() {
+            return Ok(());
+        }
         let info = self.client()?.session().clone();
         let hosts = cfg.connect_string();
         // The session's own handle reconnects as soon as the server hands
@@ -194,10 +198,20 @@ impl Session {
                     connector.with_auth("digest", format!("{user}:{}", pass.expose()).as_bytes());
             }
             match tokio::time::timeout(cfg.connect_timeout, connector.connect(&hosts)).await {
-                // Not detached: dropping it sends closeSession.
+                // Not detached: dropping it sends closeSession. The close
+                // ends the session unless our handle took it back first:
+                // wait until our handle sees the end, else try again.
                 Ok(Ok(twin)) => {
                     drop(twin);
-                    return Ok(());
+                    let seen =
+                        tokio::time::timeout(cfg.connect_timeout + self.timeout, self.dead());
+                    if seen.await.is_ok() {
+                        return Ok(());
+                    }
+                    last = Some(Error::unavailable(
+                        NAME,
+                        format!("session {:#x} outlived its closing twin", self.id),
+                    ));
                 }
                 Ok(Err(zk::Error::SessionExpired)) => return Ok(()),
                 Ok(Err(e)) => {

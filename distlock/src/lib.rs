@@ -82,14 +82,21 @@ macro_rules! entry {
 
 /// `OLD|NEW[#fence_offset=N]`, connected to both.
 async fn connect_migrating(pair: &str, offset: u64) -> Result<Locker> {
-    let bad = |why: String| Error::invalid_config(FACADE, format!("migrate:{pair}: {why}"));
+    // Only redacted parts of the URLs go into errors.
+    let bad = |why: &str| {
+        let shown: Vec<String> = pair.split('|').map(lockcore::address::redact).collect();
+        Error::invalid_config(FACADE, format!("migrate:{}: {why}", shown.join("|")))
+    };
     let (old, new) = pair
         .split_once('|')
-        .ok_or_else(|| bad("expected two lock URLs: migrate:OLD|NEW".to_owned()))?;
+        .ok_or_else(|| bad("expected two lock URLs: migrate:OLD|NEW"))?;
     if old.starts_with("migrate:") || new.starts_with("migrate:") || new.contains('|') {
         return Err(bad(
-            "expected exactly two lock URLs, neither a migrate: one".to_owned(),
+            "expected exactly two lock URLs, neither a migrate: one",
         ));
+    }
+    if old == new {
+        return Err(bad("the old and the new backend are the same"));
     }
     let old = connect_one(old).await?;
     let new = connect_one(new).await?;
@@ -99,26 +106,31 @@ async fn connect_migrating(pair: &str, offset: u64) -> Result<Locker> {
 }
 
 /// Splits `#fence_offset=N` off the end of a lock URL.
+///
+/// Only a last `#` followed by `fence_offset=` starts the options, so a `#`
+/// elsewhere (in a password, say) is left to the backend's URL parser.
 fn split_options(url: &str) -> Result<(&str, u64)> {
-    let Some((rest, options)) = url.split_once('#') else {
+    let Some((rest, options)) = url
+        .rsplit_once('#')
+        .filter(|(_, options)| options.starts_with("fence_offset="))
+    else {
         return Ok((url, 0));
     };
-    let bad = |why: String| {
-        Error::invalid_config(FACADE, format!("{}: {why}", lockcore::address::redact(url)))
-    };
+    let bad = |why: String| Error::invalid_config(FACADE, why);
     let mut offset = 0u64;
-    for kv in options.split('&').filter(|kv| !kv.is_empty()) {
+    for kv in options.split('&') {
         match kv.split_once('=') {
             Some(("fence_offset", v)) => {
                 offset = v
                     .parse()
-                    .map_err(|e| bad(format!("fence_offset={v}: {e}")))?;
+                    .map_err(|e| bad(format!("fence_offset={v:?} is not a token offset: {e}")))?;
             }
-            _ => {
+            Some((key, _)) => {
                 return Err(bad(format!(
-                    "unknown option {kv:?} after '#' (fence_offset=N)"
+                    "unknown option {key:?} after '#' (only fence_offset=N)"
                 )))
             }
+            None => return Err(bad("expected fence_offset=N after '#'".to_owned())),
         }
     }
     Ok((rest, offset))
@@ -201,7 +213,10 @@ async fn connect_one(url: &str) -> Result<Locker> {
     let parsed = Url::parse(url).map_err(|e| {
         Error::invalid_config(
             FACADE,
-            format!("{url:?} is not a lock URL (e.g. memory://): {e}"),
+            format!(
+                "{:?} is not a lock URL (e.g. memory://): {e}",
+                lockcore::address::redact(url)
+            ),
         )
         .with_source(e)
     })?;
@@ -267,14 +282,27 @@ mod tests {
         g.release().await.unwrap();
 
         for (url, needle) in [
-            ("memory://#fence_offset=x", "fence_offset=x"),
-            ("memory://#color=red", "unknown option"),
+            ("memory://#fence_offset=x", "fence_offset=\"x\""),
+            ("memory://#fence_offset=1&color=red", "unknown option"),
             ("migrate:memory://a", "two lock URLs"),
             ("migrate:memory://a|memory://b|memory://c", "exactly two"),
+            ("migrate:memory://a|memory://a", "the same"),
         ] {
             let e = connect(url).await.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidConfig);
             assert!(e.to_string().contains(needle), "{url}: {e}");
+        }
+        // Passwords stay out of the errors.
+        for url in [
+            "migrate:mysql://u:sekrit@h/db",
+            "migrate:mysql://u:sekrit@h/db|mysql://u:sekrit@h/db",
+            "mysql://u:sek#rit=x@h/db|zz",
+            "x!://u:sekrit@h/db",
+        ] {
+            if let Err(e) = connect(url).await {
+                assert!(!e.to_string().contains("sekrit"), "{url}: {e}");
+                assert!(!e.to_string().contains("rit=x"), "{url}: {e}");
+            }
         }
     }
 

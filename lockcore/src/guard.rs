@@ -172,9 +172,10 @@ impl LockGuard {
             )
             .with_name(self.held.name.clone()));
         }
-        self.held.renew_now(Some(ttl)).await?;
+        self.held.may_shorten_to(ttl);
+        let renewed = self.held.renew_now(Some(ttl)).await;
         self.held.rescheduled();
-        Ok(())
+        renewed
     }
 
     /// Releases this hold; the lease itself is released on the server when

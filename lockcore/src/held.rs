@@ -100,14 +100,34 @@ impl Held {
         self.watchdog.schedule(&me, at);
     }
 
-    /// Schedules the next check after `extend` changed the lease.
+    /// Schedules the next check after `extend` changed the lease (or may
+    /// have): a renewal, or the validity deadline, whichever comes first.
     pub(crate) fn rescheduled(self: &Arc<Self>) {
         let next = if self.renew {
-            crate::backend::now() + renew_interval(self.ttl())
+            (crate::backend::now() + renew_interval(self.ttl())).min(self.valid_until())
         } else {
             self.valid_until() + TIMER_SLACK
         };
         self.schedule(next);
+    }
+
+    /// Before a renewal with `ttl` is sent: whatever comes of it (a lost
+    /// reply, a dropped call), the server may have shortened the lease to
+    /// `ttl` from now, so the lease counts as valid no longer than that, and
+    /// the watchdog looks at that deadline.
+    pub(crate) fn may_shorten_to(self: &Arc<Self>, ttl: Duration) {
+        let bound = crate::backend::validity_deadline(crate::backend::now(), ttl);
+        let lowered = {
+            let mut until = lock(&self.valid_until);
+            let lower = bound < *until;
+            if lower {
+                *until = bound;
+            }
+            lower
+        };
+        if lowered {
+            self.rescheduled();
+        }
     }
 
     pub(crate) fn ttl(&self) -> Duration {
@@ -163,10 +183,14 @@ impl Held {
     }
 
     /// Releases the lease on the server (the last hold is gone).
+    /// Waits for a renewal in flight first: a renewal that lands after the
+    /// release could take the lease back on the server (RedLock retakes a
+    /// key an instance lost).
     pub(crate) async fn release_lease(&self) -> Result<()> {
         self.stop_watchdog();
         let was_lost = !self.is_held();
         self.released.store(true, Ordering::Release);
+        let _turn = self.renewing.lock().await;
         match self.lease.release().await {
             Ok(Released::Released) if !was_lost => Ok(()),
             Ok(Released::Released) => Err(self.lost_error(
@@ -395,11 +419,64 @@ mod tests {
             self.server.capabilities()
         }
 
+        /// The server's own lost signal does not reach the client, as with
+        /// a networked server.
         async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+            let unseen = tokio_util::sync::CancellationToken::new();
+            let req = AcquireRequest {
+                lost: &unseen,
+                ..req
+            };
             Ok(self.server.acquire(req).await?.map(|g| Grant {
                 lease: Box::new(LostReplyLease { inner: g.lease }),
                 ..g
             }))
+        }
+    }
+
+    /// A backend whose renewals apply at once but answer after a minute.
+    #[derive(Debug)]
+    struct SlowRenewals {
+        server: MemoryBackend,
+    }
+
+    #[derive(Debug)]
+    struct SlowRenewalLease {
+        inner: Box<dyn BackendLease>,
+    }
+
+    #[async_trait]
+    impl Backend for SlowRenewals {
+        fn name(&self) -> &'static str {
+            "slow-renewals"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            self.server.capabilities()
+        }
+
+        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+            Ok(self.server.acquire(req).await?.map(|g| Grant {
+                lease: Box::new(SlowRenewalLease { inner: g.lease }),
+                ..g
+            }))
+        }
+    }
+
+    #[async_trait]
+    impl BackendLease for SlowRenewalLease {
+        async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+            let r = self.inner.renew(ttl).await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            r
+        }
+
+        async fn release(&self) -> Result<Released> {
+            self.inner.release().await
+        }
+
+        fn abandon(&self) {
+            self.inner.abandon();
         }
     }
 
@@ -443,6 +520,140 @@ mod tests {
             client <= server_expiry + Duration::from_millis(5),
             "the client counts the lease valid {:?} past the server's expiry",
             client.saturating_duration_since(server_expiry)
+        );
+    }
+
+    /// The shortened validity is watched: the lost signal fires when it
+    /// passes, without anyone asking `is_held`, while another client may
+    /// already hold the name; not at the watchdog's next renewal, which was
+    /// scheduled for the longer ttl.
+    #[tokio::test(start_paused = true)]
+    async fn lost_fires_at_the_deadline_a_shorter_extend_set() {
+        let server = MemoryBackend::new();
+        let l = Locker::new(LostReplies {
+            server: server.clone(),
+        });
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Wait::Try);
+        let g = l.acquire("x", &opts).await.unwrap().unwrap();
+        assert!(g.extend(Duration::from_secs(1)).await.is_err());
+        let other = Locker::new(server.clone());
+        let taken = other
+            .acquire(
+                "x",
+                &LockOptions::new().wait(Wait::For(Duration::from_secs(5))),
+            )
+            .await
+            .unwrap();
+        assert!(taken.is_some(), "the server freed the name after 1 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            tokio::time::timeout(Duration::ZERO, g.lost()).await.is_ok(),
+            "the lost signal had not fired while another client held the name"
+        );
+    }
+
+    /// A shorter extend dropped while in flight may have applied: the
+    /// client counts the lease valid no longer than the shorter ttl allows.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_shorter_extend_shortens_validity() {
+        let server = MemoryBackend::new();
+        let l = Locker::new(SlowRenewals {
+            server: server.clone(),
+        });
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Wait::Try)
+            .renew(false);
+        let g = l.acquire("x", &opts).await.unwrap().unwrap();
+        // The renewal applies on the server at once; its reply is slow, and
+        // the call is dropped before it comes.
+        let dropped =
+            tokio::time::timeout(Duration::from_millis(100), g.extend(Duration::from_secs(1)))
+                .await;
+        assert!(dropped.is_err(), "the extend was not cut short");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            tokio::time::timeout(Duration::ZERO, g.lost()).await.is_ok(),
+            "the client counts the lease valid after the server let it go"
+        );
+    }
+
+    /// A backend that records whether a release ran while a renewal was in
+    /// flight.
+    #[derive(Debug, Clone, Default)]
+    struct Overlaps {
+        server: MemoryBackend,
+        renewing: Arc<std::sync::atomic::AtomicBool>,
+        overlapped: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    #[derive(Debug)]
+    struct OverlapLease {
+        inner: Box<dyn BackendLease>,
+        of: Overlaps,
+    }
+
+    #[async_trait]
+    impl Backend for Overlaps {
+        fn name(&self) -> &'static str {
+            "overlaps"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            self.server.capabilities()
+        }
+
+        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+            Ok(self.server.acquire(req).await?.map(|g| Grant {
+                lease: Box::new(OverlapLease {
+                    inner: g.lease,
+                    of: self.clone(),
+                }),
+                ..g
+            }))
+        }
+    }
+
+    #[async_trait]
+    impl BackendLease for OverlapLease {
+        async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.of.renewing.store(true, SeqCst);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let r = self.inner.renew(ttl).await;
+            self.of.renewing.store(false, SeqCst);
+            r
+        }
+
+        async fn release(&self) -> Result<Released> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.of.renewing.load(SeqCst) {
+                self.of.overlapped.store(true, SeqCst);
+            }
+            self.inner.release().await
+        }
+    }
+
+    /// A release waits for the renewal in flight: a renewal that lands after
+    /// the release could take the lease back on the server (RedLock retakes
+    /// a key an instance lost).
+    #[tokio::test(start_paused = true)]
+    async fn a_release_waits_for_the_renewal_in_flight() {
+        let backend = Overlaps::default();
+        let l = Locker::new(backend.clone());
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(3))
+            .wait(Wait::Try);
+        let g = l.acquire("x", &opts).await.unwrap().unwrap();
+        // The watchdog renews at 1 s; its renewal is in flight until 1.5 s.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(backend.renewing.load(std::sync::atomic::Ordering::SeqCst));
+        g.release().await.unwrap();
+        assert!(
+            !backend.overlapped.load(std::sync::atomic::Ordering::SeqCst),
+            "the release ran while a renewal was in flight"
         );
     }
 }

@@ -56,16 +56,19 @@
 //! ```
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{AcquireRequest, Backend, BackendLease, Grant, LockInfo, Released, Renewal};
+use crate::backend::{
+    now, AcquireRequest, Backend, BackendLease, Grant, LockInfo, Released, Renewal,
+};
 use crate::capabilities::{Capabilities, Fencing, LeaseKind};
 use crate::cleanup::CleanupOnDrop;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// The backend name of a [`Migrating`] pair in errors and logs.
 pub const NAME: &str = "migrate";
@@ -157,12 +160,7 @@ struct LostSignals {
 /// halves: the guard learns of a lost half, and the half still held is
 /// freed at once for the next holder instead of at the end of its ttl.
 /// Ends when `done` fires (the lock was released or abandoned).
-fn relay_lost(
-    lost: LostSignals,
-    old: Arc<dyn BackendLease>,
-    new: Arc<dyn BackendLease>,
-    done: CancellationToken,
-) {
+fn relay_lost(lost: LostSignals, halves: Arc<Halves>, done: CancellationToken) {
     let relay = async move {
         tokio::select! {
             biased;
@@ -174,12 +172,56 @@ fn relay_lost(
         lost.guard.cancel();
         lost.old.cancel();
         lost.new.cancel();
-        // Owner-checked on the server: a half already gone is left alone.
-        let (_, _) = tokio::join!(new.release(), old.release());
+        crate::cleanup::spawn_cleanup("release the halves of a lost migrating lock", async move {
+            // Owner-checked on the server: a half already gone is left alone.
+            let _ = halves.release().await;
+        });
     };
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(relay);
     }
+}
+
+/// Keeps the old half renewed while the new one is awaited, as the guard's
+/// watchdog will once both are held; returns once the old half is lost (or
+/// its validity passed without a renewal). `valid` is the old half's
+/// validity deadline, moved on by each renewal.
+async fn keep_alive(
+    lease: &dyn BackendLease,
+    ttl: Duration,
+    lost: &CancellationToken,
+    valid: &Mutex<Instant>,
+) {
+    let mut next = now() + ttl / 3;
+    loop {
+        let until = *lock(valid);
+        tokio::select! {
+            () = lost.cancelled() => return,
+            () = tokio::time::sleep_until(next.min(until).into()) => {}
+        }
+        if now() >= until {
+            return;
+        }
+        let renewed = tokio::time::timeout_at(until.into(), lease.renew(ttl)).await;
+        match renewed {
+            Ok(Ok(Renewal::Renewed { valid_until })) => {
+                *lock(valid) = valid_until;
+                next = now() + ttl / 3;
+            }
+            Ok(Err(e)) if e.kind() != crate::ErrorKind::Lost => {
+                next = now() + (ttl / 30).max(Duration::from_millis(10));
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Releases a half, when a migrating acquire is dropped or fails after it.
+fn undo_half(lease: &Arc<dyn BackendLease>) -> CleanupOnDrop {
+    let lease = lease.clone();
+    CleanupOnDrop::new("release a half of a migrating lock", async move {
+        let _ = lease.release().await;
+    })
 }
 
 #[async_trait]
@@ -201,7 +243,8 @@ impl Backend for Migrating {
     }
 
     /// Takes `req.name` on the old backend, then on the new one, both by
-    /// `req.deadline`.
+    /// `req.deadline`. While it waits for the new backend, the old half is
+    /// renewed; if the old half is lost meanwhile, it starts again.
     ///
     /// # Cancel safety
     ///
@@ -209,82 +252,94 @@ impl Backend for Migrating {
     /// it there in the background; each backend undoes its own half-done
     /// step.
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
-        let old_lost = CancellationToken::new();
-        let Some(old) = self
-            .old
-            .acquire(AcquireRequest {
-                name: req.name,
-                owner: req.owner,
-                ttl: req.ttl,
-                deadline: req.deadline,
-                lost: &old_lost,
-            })
-            .await?
-        else {
-            return Ok(None);
-        };
-        let old_lease: Arc<dyn BackendLease> = Arc::from(old.lease);
-        let undo = {
-            let lease = old_lease.clone();
-            CleanupOnDrop::new(
-                "release the old backend's half of a migrating lock",
-                async move {
-                    let _ = lease.release().await;
-                },
-            )
-        };
-        let new_lost = CancellationToken::new();
-        let new = self
-            .new
-            .acquire(AcquireRequest {
+        loop {
+            let old_lost = CancellationToken::new();
+            let Some(old) = self
+                .old
+                .acquire(AcquireRequest {
+                    name: req.name,
+                    owner: req.owner,
+                    ttl: req.ttl,
+                    deadline: req.deadline,
+                    lost: &old_lost,
+                })
+                .await?
+            else {
+                return Ok(None);
+            };
+            let old_lease: Arc<dyn BackendLease> = Arc::from(old.lease);
+            let undo_old = undo_half(&old_lease);
+            let old_valid = Mutex::new(old.valid_until);
+            let new_lost = CancellationToken::new();
+            let acquiring = self.new.acquire(AcquireRequest {
                 name: req.name,
                 owner: req.owner,
                 ttl: req.ttl,
                 deadline: req.deadline,
                 lost: &new_lost,
-            })
-            .await;
-        let new = match new {
-            Ok(Some(g)) => g,
-            Ok(None) => {
-                undo.run_now().await;
-                return Ok(None);
+            });
+            let keeping = keep_alive(&*old_lease, req.ttl, &old_lost, &old_valid);
+            let new = tokio::select! {
+                biased;
+                new = acquiring => Some(new),
+                () = keeping => None,
+            };
+            let Some(new) = new else {
+                // The old half was lost while we waited: start again (the
+                // new backend's wait, dropped, undid itself).
+                undo_old.run_now().await;
+                continue;
+            };
+            let new = match new {
+                Ok(Some(g)) => g,
+                Ok(None) => {
+                    undo_old.run_now().await;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    undo_old.run_now().await;
+                    return Err(e);
+                }
+            };
+            let new_lease: Arc<dyn BackendLease> = Arc::from(new.lease);
+            let undo_new = undo_half(&new_lease);
+            let old_valid = *lock(&old_valid);
+            if old_lost.is_cancelled() || now() >= old_valid {
+                undo_new.run_now().await;
+                undo_old.run_now().await;
+                continue;
             }
-            Err(e) => {
-                undo.run_now().await;
-                return Err(e);
-            }
-        };
-        let fence = match offset_fence(new.fence, self.offset, self.capabilities().fencing) {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = new.lease.release().await;
-                undo.run_now().await;
-                return Err(e);
-            }
-        };
-        undo.disarm();
-        let done = CancellationToken::new();
-        let new_lease: Arc<dyn BackendLease> = Arc::from(new.lease);
-        relay_lost(
-            LostSignals {
-                old: old_lost,
-                new: new_lost,
-                guard: req.lost.clone(),
-            },
-            old_lease.clone(),
-            new_lease.clone(),
-            done.clone(),
-        );
-        Ok(Some(Grant {
-            lease: Box::new(MigratingLease {
+            let fence = match offset_fence(new.fence, self.offset, self.capabilities().fencing) {
+                Ok(f) => f,
+                Err(e) => {
+                    undo_new.run_now().await;
+                    undo_old.run_now().await;
+                    return Err(e);
+                }
+            };
+            undo_new.disarm();
+            undo_old.disarm();
+            let done = CancellationToken::new();
+            let halves = Arc::new(Halves {
                 old: old_lease,
                 new: new_lease,
-                done,
-            }),
-            fence,
-            valid_until: old.valid_until.min(new.valid_until),
-        }))
+                turn: tokio::sync::Mutex::new(()),
+            });
+            relay_lost(
+                LostSignals {
+                    old: old_lost,
+                    new: new_lost,
+                    guard: req.lost.clone(),
+                },
+                halves.clone(),
+                done.clone(),
+            );
+            return Ok(Some(Grant {
+                lease: Box::new(MigratingLease { halves, done }),
+                fence,
+                valid_until: old_valid.min(new.valid_until),
+            }));
+        }
     }
 
     /// The holder as the new backend sees it (with the offset applied to
@@ -293,7 +348,7 @@ impl Backend for Migrating {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let (old, new) = tokio::join!(self.old.inspect(name), self.new.inspect(name));
         let (old, new) = (old?, new?);
-        let fencing = self.new.capabilities().fencing;
+        let fencing = self.capabilities().fencing;
         let new_holder = match new.as_ref().and_then(|i| i.holder.clone()) {
             Some(mut h) => {
                 h.fence = offset_fence(h.fence, self.offset, fencing)?;
@@ -317,10 +372,34 @@ impl Backend for Migrating {
     }
 }
 
-/// Both halves of a migrating lock.
-struct MigratingLease {
+/// The two leases of a migrating lock. Their renewals and releases take
+/// turns, so that a release never runs beside a renewal (which could take
+/// a lease back on the server after it was released).
+#[derive(Debug)]
+struct Halves {
     old: Arc<dyn BackendLease>,
     new: Arc<dyn BackendLease>,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Halves {
+    /// Releases the new half, then the old one (the reverse of
+    /// acquisition), trying both whatever the first one answers.
+    async fn release(&self) -> Result<Released> {
+        let _turn = self.turn.lock().await;
+        let new = self.new.release().await;
+        let old = self.old.release().await;
+        match (new, old) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(Released::Released), Ok(Released::Released)) => Ok(Released::Released),
+            _ => Ok(Released::NotHeld),
+        }
+    }
+}
+
+/// Both halves of a migrating lock.
+struct MigratingLease {
+    halves: Arc<Halves>,
     /// Ends the lost relay once the lease is released or abandoned.
     done: CancellationToken,
 }
@@ -328,8 +407,8 @@ struct MigratingLease {
 impl fmt::Debug for MigratingLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MigratingLease")
-            .field("old", &self.old)
-            .field("new", &self.new)
+            .field("old", &self.halves.old)
+            .field("new", &self.halves.new)
             .finish()
     }
 }
@@ -349,7 +428,8 @@ impl BackendLease for MigratingLease {
     ///
     /// Cancel safe: a dropped renewal at most extended a lease.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        let (a, b) = tokio::join!(self.old.renew(ttl), self.new.renew(ttl));
+        let _turn = self.halves.turn.lock().await;
+        let (a, b) = tokio::join!(self.halves.old.renew(ttl), self.halves.new.renew(ttl));
         match (a, b) {
             (Ok(Renewal::Lost), _) | (_, Ok(Renewal::Lost)) => Ok(Renewal::Lost),
             (Err(e), _) | (_, Err(e)) => Err(e),
@@ -369,20 +449,14 @@ impl BackendLease for MigratingLease {
     /// A dropped release may have released one half; the other ends by its
     /// ttl, session or connection.
     async fn release(&self) -> Result<Released> {
-        let new = self.new.release().await;
-        let old = self.old.release().await;
         self.done.cancel();
-        match (new, old) {
-            (Err(e), _) | (_, Err(e)) => Err(e),
-            (Ok(Released::Released), Ok(Released::Released)) => Ok(Released::Released),
-            _ => Ok(Released::NotHeld),
-        }
+        self.halves.release().await
     }
 
     fn abandon(&self) {
-        self.new.abandon();
-        self.old.abandon();
         self.done.cancel();
+        self.halves.new.abandon();
+        self.halves.old.abandon();
     }
 }
 
@@ -424,14 +498,21 @@ impl Backend for OffsetFences {
         match offset_fence(g.fence, self.offset, self.inner.capabilities().fencing) {
             Ok(fence) => Ok(Some(Grant { fence, ..g })),
             Err(e) => {
-                let _ = g.lease.release().await;
+                undo_half(&Arc::from(g.lease)).run_now().await;
                 Err(e)
             }
         }
     }
 
+    /// As the inner backend's, with the holder's token shifted.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        self.inner.inspect(name).await
+        let Some(mut info) = self.inner.inspect(name).await? else {
+            return Ok(None);
+        };
+        if let Some(h) = info.holder.as_mut() {
+            h.fence = offset_fence(h.fence, self.offset, self.inner.capabilities().fencing)?;
+        }
+        Ok(Some(info))
     }
 }
 
@@ -547,5 +628,62 @@ mod tests {
         assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig);
         assert!(Locker::new(old).try_lock("x").await.unwrap().is_some());
         assert!(Locker::new(new).try_lock("x").await.unwrap().is_some());
+    }
+
+    /// The old half lost while the new one is awaited (and taken by an
+    /// old-only client): the migrating client is not granted the name while
+    /// the old-only client holds it; it starts again behind it.
+    #[tokio::test]
+    async fn an_old_half_lost_while_waiting_is_taken_again() {
+        let (old, new, m) = pair();
+        let blocker = Locker::new(new.clone()).lock("x").await.unwrap();
+        let waiting = tokio::spawn(async move {
+            m.acquire(
+                "x",
+                &LockOptions::new().wait(Wait::For(Duration::from_secs(30))),
+            )
+            .await
+            .unwrap()
+            .unwrap()
+        });
+        let old_only = Locker::new(old.clone());
+        while old_only.try_lock("x").await.unwrap().is_some() {
+            tokio::task::yield_now().await;
+        }
+        assert!(old.revoke("x"));
+        let o = old_only.lock_timeout("x", BOUND).await.unwrap();
+        blocker.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !waiting.is_finished(),
+            "granted while an old-only client holds the name"
+        );
+        o.release().await.unwrap();
+        let g = tokio::time::timeout(BOUND, waiting).await.unwrap().unwrap();
+        assert!(g.is_held());
+        assert!(
+            old_only.try_lock("x").await.unwrap().is_none(),
+            "held on the old backend"
+        );
+    }
+
+    /// A wait on the new backend longer than the ttl: the old half is kept
+    /// renewed meanwhile, and the guard is held on both when granted.
+    #[tokio::test(start_paused = true)]
+    async fn the_old_half_is_renewed_while_the_new_is_awaited() {
+        let (old, new, m) = pair();
+        let blocker = Locker::new(new.clone()).lock("x").await.unwrap();
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(1))
+            .wait(Wait::For(Duration::from_secs(30)));
+        let waiting = tokio::spawn(async move { m.acquire("x", &opts).await });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        blocker.release().await.unwrap();
+        let g = waiting.await.unwrap().unwrap().unwrap();
+        assert!(g.is_held(), "granted a guard whose old half had expired");
+        assert!(
+            Locker::new(old).try_lock("x").await.unwrap().is_none(),
+            "the old half expired while the new one was awaited"
+        );
     }
 }

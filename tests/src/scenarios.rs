@@ -325,8 +325,19 @@ pub async fn servers_paused(ctx: &Ctx, control: &dyn ServerControl, pause: Durat
     r.add("wait_1s_ended_after", ms(waited));
     r.add("lost_after_pause", ms(lost - paused));
     drop(g);
-    let fresh = ctx.locker().await;
+    // An ensemble resumed all at once elects a leader before it takes new
+    // sessions: a client that cannot connect yet tries again.
     let deadline = Instant::now() + Duration::from_secs(60);
+    let fresh = loop {
+        match ctx.harness.connect().await {
+            Ok(l) => break l,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "no client could connect within 60 s of the resume: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     loop {
         match tokio::time::timeout(TRY_BOUND, fresh.lock_timeout(&name, ttl * 2)).await {
             Ok(Ok(g)) => {
