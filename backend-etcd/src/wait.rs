@@ -133,7 +133,6 @@ impl EtcdBackend {
                 }
                 Err(e) => return Err(e),
             };
-            let rev = resp.header().map_or(0, |h| h.revision());
             let ops = resp.op_responses();
             let mine = first_kv(ops.get(1)).map(|kv| kv.1);
             if mine != Some(my_rev) {
@@ -142,7 +141,7 @@ impl EtcdBackend {
             let Some((pred_key, _)) = first_kv(ops.first()) else {
                 return Ok(Turn::Mine);
             };
-            match self.watch_delete(pred_key, rev + 1, limit, name).await {
+            match self.watch_delete(pred_key, limit, name).await {
                 Ok(_) => backoff.reset(),
                 // Watching only reads: whatever broke it, read again while
                 // the waiting lease lives (but not with bad credentials).
@@ -155,26 +154,32 @@ impl EtcdBackend {
         }
     }
 
-    /// Watches `key` from revision `from` until it is deleted, or until the
+    /// Whether `key` exists now.
+    async fn exists(&self, key: &[u8], limit: Duration) -> Result<bool> {
+        let mut kv = self.inner.client.kv_client();
+        let resp = self
+            .request(
+                limit,
+                "reading the predecessor",
+                false,
+                kv.get(key, Some(GetOptions::new().with_count_only())),
+            )
+            .await?;
+        Ok(resp.count() > 0)
+    }
+
+    /// Watches `key` from now until it is deleted, or until the
     /// watch ends for another reason (compaction, cancel, stream end), after
     /// which the caller reads again.
-    async fn watch_delete(
-        &self,
-        key: Vec<u8>,
-        from: i64,
-        limit: Duration,
-        name: &str,
-    ) -> Result<WatchEnd> {
+    async fn watch_delete(&self, key: Vec<u8>, limit: Duration, name: &str) -> Result<WatchEnd> {
         let mut wc = self.inner.client.watch_client();
-        let opts = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
+        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let mut stream = self
             .request(
                 limit,
                 "watching the predecessor",
                 false,
-                wc.watch(key, Some(opts)),
+                wc.watch(key.clone(), Some(opts)),
             )
             .await?;
         loop {
@@ -185,6 +190,21 @@ impl EtcdBackend {
             let Some(resp) = msg else {
                 return Ok(WatchEnd::Recheck);
             };
+            if resp.created() {
+                // The watch starts at the server's current revision: one
+                // from the revision of our read would be caught up only by
+                // the server's sync loop, every 100 ms, once any write came
+                // in between (an ~85 ms tail on hand-offs). A delete that
+                // landed between our read and now is seen by looking once,
+                // with the watch in place.
+                if !self.exists(&key, limit).await? {
+                    self.inner
+                        .counters
+                        .predecessor_events
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(WatchEnd::Deleted);
+                }
+            }
             if resp.compact_revision() > 0 {
                 self.inner
                     .counters
@@ -193,7 +213,6 @@ impl EtcdBackend {
                 tracing::debug!(
                     backend = NAME,
                     name,
-                    from,
                     compacted = resp.compact_revision(),
                     "the predecessor watch started before the compacted revision; reading again"
                 );
