@@ -142,7 +142,10 @@ impl EtcdBackend {
                 return Ok(Turn::Mine);
             };
             match self.watch_delete(pred_key, limit, name).await {
-                Ok(_) => backoff.reset(),
+                Ok(WatchEnd::Deleted) => backoff.reset(),
+                // Cancelled or ended by the server: read again, not in a
+                // tight loop.
+                Ok(WatchEnd::Recheck) => tokio::time::sleep(backoff.next_delay()).await,
                 // Watching only reads: whatever broke it, read again while
                 // the waiting lease lives (but not with bad credentials).
                 Err(e) if e.kind() != ErrorKind::InvalidConfig && Instant::now() < *lock(valid) => {

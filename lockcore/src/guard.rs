@@ -172,7 +172,6 @@ impl LockGuard {
             )
             .with_name(self.held.name.clone()));
         }
-        self.held.may_shorten_to(ttl);
         let renewed = self.held.renew_now(Some(ttl)).await;
         self.held.rescheduled();
         renewed

@@ -207,10 +207,15 @@ impl Held {
     /// Renews now, with `ttl` from then on if given (else the current ttl).
     /// Renewals run one at a time, so their results apply in the order they
     /// were sent: a slow earlier reply never overwrites a later one.
-    pub(crate) async fn renew_now(&self, ttl: Option<Duration>) -> Result<()> {
+    pub(crate) async fn renew_now(self: &Arc<Self>, ttl: Option<Duration>) -> Result<()> {
         let _turn = self.renewing.lock().await;
         if !self.is_held() {
             return Err(self.lost_error("cannot renew"));
+        }
+        if let Some(t) = ttl {
+            // Under the turn, so that no renewal sent earlier can restore
+            // the longer validity afterwards.
+            self.may_shorten_to(t);
         }
         let use_ttl = ttl.unwrap_or_else(|| self.ttl());
         let deadline = self.valid_until();
@@ -292,6 +297,10 @@ impl Held {
 impl Watched for Held {
     fn timer(&self) -> &Timer {
         &self.timer
+    }
+
+    fn not_after(&self) -> Instant {
+        self.valid_until() + TIMER_SLACK
     }
 
     fn check(self: Arc<Self>) -> CheckFuture {
@@ -396,6 +405,42 @@ mod tests {
             client.saturating_duration_since(server_expiry)
         );
         assert_eq!(g.ttl(), Duration::from_secs(1));
+    }
+
+    /// A shorter extend dropped in flight, behind a longer renewal that was
+    /// in flight when it began: the longer renewal's reply must not restore
+    /// the longer validity over the shorter one, which may have applied.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_shorter_extend_behind_a_renewal_shortens_validity() {
+        let server = MemoryBackend::new();
+        let late = LateReplies {
+            server: server.clone(),
+            delays: Arc::new(Mutex::new(
+                [Duration::from_millis(300), Duration::from_secs(2)].into(),
+            )),
+        };
+        let l = Locker::new(late);
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Wait::Try)
+            .renew(false);
+        let g = l.acquire("x", &opts).await.unwrap().unwrap();
+        let (first, _) = tokio::join!(g.extend(Duration::from_secs(30)), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ =
+                tokio::time::timeout(Duration::from_millis(600), g.extend(Duration::from_secs(1)))
+                    .await;
+        });
+        first.unwrap();
+        let info = server.inspect("x").await.unwrap().unwrap();
+        let left = info.holder.unwrap().ttl_remaining.unwrap();
+        let server_expiry = crate::backend::now() + left;
+        let client = g.valid_until().unwrap();
+        assert!(
+            client <= server_expiry + Duration::from_millis(5),
+            "the client counts the lease valid {:?} past the server's expiry",
+            client.saturating_duration_since(server_expiry)
+        );
     }
 
     /// The server applies each renewal, and its reply is lost.

@@ -34,6 +34,10 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn timer(&self) -> &Timer;
     /// One check; returns when to check again, or `None` to stop watching.
     fn check(self: Arc<Self>) -> CheckFuture;
+    /// The latest instant it may be checked next (its validity deadline):
+    /// every schedule is clamped to it, so a check scheduled from an older
+    /// reading never postpones one that a shortened deadline asked for.
+    fn not_after(&self) -> Instant;
 }
 
 /// A watched item's place in the queue.
@@ -62,6 +66,7 @@ impl Watchdog {
     pub(crate) fn schedule(self: &Arc<Self>, item: &Arc<dyn Watched>, at: Instant) {
         {
             let mut queue = lock(&self.queue);
+            let at = at.min(item.not_after());
             let mut key = lock(&item.timer().key);
             match key.as_ref() {
                 Some(k) => queue.reset_at(k, at.into()),
