@@ -9,54 +9,14 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{LockOptions, Wait};
-use lockcore_conformance::{run, ConnectFuture, Harness, Target, UrlHarness, COMPOSE_HINT};
+use lockcore_conformance::run;
 
-/// Above any Redis token (microseconds since 1970) until 2112.
-const OFFSET: u64 = 1 << 52;
+mod migrating;
 
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
-
-fn connect(url: String) -> ConnectFuture {
-    Box::pin(async move { distlock::connect(&url).await })
-}
-
-/// The migrating URL from Redis to `new_var`'s backend.
-fn migrating(new_var: &str) -> String {
-    format!(
-        "migrate:{}|{}#fence_offset={OFFSET}",
-        var("LOCKTEST_REDIS_URL"),
-        var(new_var)
-    )
-}
-
-/// A target whose clients connect to `url()` (read when the target starts),
-/// needing every variable of `vars`.
-fn target(name: &str, vars: &'static [&'static str], url: fn() -> String) -> Target {
-    Target::new(name, Some(vars[0]), move |_| async move {
-        for v in vars {
-            if var(v).is_empty() {
-                return Err(lockcore::Error::invalid_config(
-                    "test",
-                    format!("{v} is unset"),
-                ));
-            }
-        }
-        Ok(UrlHarness::with_unreachable(url(), UNREACHABLE, connect) as Arc<dyn Harness>)
-    })
-    .hint(COMPOSE_HINT)
-}
-
-/// A migrating URL where neither server answers.
-const UNREACHABLE: &str = "migrate:redis://127.0.0.1:1|zk://127.0.0.1:1";
-
-const REDIS_ZK: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ZK_URL"];
-const REDIS_ETCD: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ETCD_URL"];
+use migrating::{migrating, target, var, OFFSET, REDIS_ETCD, REDIS_ZK};
 
 /// An old-only and a new-only client at once: both hold the name.
 async fn forbidden_overlap(old_url: String, new_url: String, name: String) {

@@ -7,51 +7,11 @@
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+use lockcore_conformance::{run_serial, Ctx, Soak};
 
-use lockcore_conformance::{
-    run_serial, ConnectFuture, Ctx, Harness, Soak, Target, UrlHarness, COMPOSE_HINT,
-};
+mod migrating;
 
-/// Above any Redis token (microseconds since 1970) until 2112.
-const OFFSET: u64 = 1 << 52;
-
-fn var(name: &str) -> String {
-    std::env::var(name).unwrap_or_default()
-}
-
-fn connect(url: String) -> ConnectFuture {
-    Box::pin(async move { distlock::connect(&url).await })
-}
-
-/// The migrating URL from Redis to `new_var`'s backend.
-fn migrating(new_var: &str) -> String {
-    format!(
-        "migrate:{}|{}#fence_offset={OFFSET}",
-        var("LOCKTEST_REDIS_URL"),
-        var(new_var)
-    )
-}
-
-/// A target whose clients connect to `url()` (read when the target starts),
-/// needing every variable of `vars`.
-fn target(name: &str, vars: &'static [&'static str], url: fn() -> String) -> Target {
-    Target::new(name, Some(vars[0]), move |_| async move {
-        for v in vars {
-            if var(v).is_empty() {
-                return Err(lockcore::Error::invalid_config(
-                    "test",
-                    format!("{v} is unset"),
-                ));
-            }
-        }
-        Ok(UrlHarness::shared(url(), connect) as Arc<dyn Harness>)
-    })
-    .hint(COMPOSE_HINT)
-}
-
-const REDIS_ZK: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ZK_URL"];
-const REDIS_ETCD: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ETCD_URL"];
+use migrating::{migrating, target, var, REDIS_ETCD, REDIS_ZK};
 
 /// Soak workers of two kinds on one set of names; the history of every
 /// process must show no overlap (tokens come from two backends, so only

@@ -311,6 +311,8 @@ impl Watched for Held {
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::Ordering::SeqCst;
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
@@ -320,24 +322,57 @@ mod tests {
     use crate::memory::MemoryBackend;
     use crate::{Capabilities, LockOptions, Locker, Result, Wait};
 
-    /// The memory server, whose renewal replies reach the client late, by a
-    /// script of delays: the server applies each renewal at once.
+    /// What goes wrong with the renewals of a [`Faulty`] backend.
+    #[derive(Debug, Default)]
+    struct Faults {
+        /// How long each renewal takes before it reaches the server.
+        before: Duration,
+        /// Per renewal, how long its reply is held after the server applied
+        /// it.
+        late: Mutex<VecDeque<Duration>>,
+        /// Every renewal's reply is lost after the server applied it.
+        lose_replies: bool,
+        /// A renewal is on its way.
+        renewing: AtomicBool,
+        /// A release ran while a renewal was on its way.
+        overlapped: AtomicBool,
+    }
+
+    impl Faults {
+        fn late<const N: usize>(delays: [Duration; N]) -> Arc<Faults> {
+            Arc::new(Faults {
+                late: Mutex::new(delays.into()),
+                ..Faults::default()
+            })
+        }
+    }
+
+    /// The memory server behind a faulty network: its own lost signal does
+    /// not reach the client (as with a networked server), and its renewals
+    /// go wrong as its `Faults` say.
     #[derive(Debug, Clone)]
-    struct LateReplies {
+    struct Faulty {
         server: MemoryBackend,
-        delays: Arc<Mutex<VecDeque<Duration>>>,
+        faults: Arc<Faults>,
     }
 
     #[derive(Debug)]
-    struct LateLease {
+    struct FaultyLease {
         inner: Box<dyn BackendLease>,
-        delays: Arc<Mutex<VecDeque<Duration>>>,
+        faults: Arc<Faults>,
+    }
+
+    fn faulty(server: &MemoryBackend, faults: &Arc<Faults>) -> Locker {
+        Locker::new(Faulty {
+            server: server.clone(),
+            faults: faults.clone(),
+        })
     }
 
     #[async_trait]
-    impl Backend for LateReplies {
+    impl Backend for Faulty {
         fn name(&self) -> &'static str {
-            "late-replies"
+            "faulty"
         }
 
         fn capabilities(&self) -> Capabilities {
@@ -345,10 +380,15 @@ mod tests {
         }
 
         async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+            let unseen = tokio_util::sync::CancellationToken::new();
+            let req = AcquireRequest {
+                lost: &unseen,
+                ..req
+            };
             Ok(self.server.acquire(req).await?.map(|g| Grant {
-                lease: Box::new(LateLease {
+                lease: Box::new(FaultyLease {
                     inner: g.lease,
-                    delays: self.delays.clone(),
+                    faults: self.faults.clone(),
                 }),
                 ..g
             }))
@@ -356,18 +396,34 @@ mod tests {
     }
 
     #[async_trait]
-    impl BackendLease for LateLease {
+    impl BackendLease for FaultyLease {
         async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+            let f = &self.faults;
+            f.renewing.store(true, SeqCst);
+            tokio::time::sleep(f.before).await;
             let r = self.inner.renew(ttl).await;
-            let delay = crate::sync::lock(&self.delays)
-                .pop_front()
-                .unwrap_or_default();
-            tokio::time::sleep(delay).await;
+            f.renewing.store(false, SeqCst);
+            let late = crate::sync::lock(&f.late).pop_front().unwrap_or_default();
+            tokio::time::sleep(late).await;
+            if f.lose_replies {
+                return Err(crate::Error::new(
+                    crate::ErrorKind::Indeterminate,
+                    "faulty",
+                    "the reply was lost",
+                ));
+            }
             r
         }
 
         async fn release(&self) -> Result<Released> {
+            if self.faults.renewing.load(SeqCst) {
+                self.faults.overlapped.store(true, SeqCst);
+            }
             self.inner.release().await
+        }
+
+        fn abandon(&self) {
+            self.inner.abandon();
         }
     }
 
@@ -377,13 +433,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn renewals_apply_in_the_order_sent() {
         let server = MemoryBackend::new();
-        let late = LateReplies {
-            server: server.clone(),
-            delays: Arc::new(Mutex::new(
-                [Duration::from_millis(300), Duration::ZERO].into(),
-            )),
-        };
-        let l = Locker::new(late);
+        let l = faulty(
+            &server,
+            &Faults::late([Duration::from_millis(300), Duration::ZERO]),
+        );
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(30))
             .wait(Wait::Try)
@@ -413,13 +466,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_shorter_extend_behind_a_renewal_shortens_validity() {
         let server = MemoryBackend::new();
-        let late = LateReplies {
-            server: server.clone(),
-            delays: Arc::new(Mutex::new(
-                [Duration::from_millis(300), Duration::from_secs(2)].into(),
-            )),
-        };
-        let l = Locker::new(late);
+        let l = faulty(
+            &server,
+            &Faults::late([Duration::from_millis(300), Duration::from_secs(2)]),
+        );
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(30))
             .wait(Wait::Try)
@@ -443,113 +493,19 @@ mod tests {
         );
     }
 
-    /// The server applies each renewal, and its reply is lost.
-    #[derive(Debug, Clone)]
-    struct LostReplies {
-        server: MemoryBackend,
-    }
-
-    #[derive(Debug)]
-    struct LostReplyLease {
-        inner: Box<dyn BackendLease>,
-    }
-
-    #[async_trait]
-    impl Backend for LostReplies {
-        fn name(&self) -> &'static str {
-            "lost-replies"
-        }
-
-        fn capabilities(&self) -> Capabilities {
-            self.server.capabilities()
-        }
-
-        /// The server's own lost signal does not reach the client, as with
-        /// a networked server.
-        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
-            let unseen = tokio_util::sync::CancellationToken::new();
-            let req = AcquireRequest {
-                lost: &unseen,
-                ..req
-            };
-            Ok(self.server.acquire(req).await?.map(|g| Grant {
-                lease: Box::new(LostReplyLease { inner: g.lease }),
-                ..g
-            }))
-        }
-    }
-
-    /// A backend whose renewals apply at once but answer after a minute.
-    #[derive(Debug)]
-    struct SlowRenewals {
-        server: MemoryBackend,
-    }
-
-    #[derive(Debug)]
-    struct SlowRenewalLease {
-        inner: Box<dyn BackendLease>,
-    }
-
-    #[async_trait]
-    impl Backend for SlowRenewals {
-        fn name(&self) -> &'static str {
-            "slow-renewals"
-        }
-
-        fn capabilities(&self) -> Capabilities {
-            self.server.capabilities()
-        }
-
-        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
-            Ok(self.server.acquire(req).await?.map(|g| Grant {
-                lease: Box::new(SlowRenewalLease { inner: g.lease }),
-                ..g
-            }))
-        }
-    }
-
-    #[async_trait]
-    impl BackendLease for SlowRenewalLease {
-        async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-            let r = self.inner.renew(ttl).await;
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            r
-        }
-
-        async fn release(&self) -> Result<Released> {
-            self.inner.release().await
-        }
-
-        fn abandon(&self) {
-            self.inner.abandon();
-        }
-    }
-
-    #[async_trait]
-    impl BackendLease for LostReplyLease {
-        async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-            let _ = self.inner.renew(ttl).await;
-            Err(crate::Error::new(
-                crate::ErrorKind::Indeterminate,
-                "lost-replies",
-                "the reply was lost",
-            ))
-        }
-
-        async fn release(&self) -> Result<Released> {
-            self.inner.release().await
-        }
-    }
-
     /// `extend` to a shorter ttl whose reply is lost may have shortened the
     /// lease on the server: the client must count it valid no longer than
     /// the shorter ttl allows (found by the simulation, seed 341).
     #[tokio::test]
     async fn a_shorter_extend_that_may_have_applied_shortens_validity() {
         let server = MemoryBackend::new();
-        let l = Locker::new(LostReplies {
-            server: server.clone(),
-        });
+        let l = faulty(
+            &server,
+            &Arc::new(Faults {
+                lose_replies: true,
+                ..Faults::default()
+            }),
+        );
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(30))
             .wait(Wait::Try)
@@ -575,9 +531,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lost_fires_at_the_deadline_a_shorter_extend_set() {
         let server = MemoryBackend::new();
-        let l = Locker::new(LostReplies {
-            server: server.clone(),
-        });
+        let l = faulty(
+            &server,
+            &Arc::new(Faults {
+                lose_replies: true,
+                ..Faults::default()
+            }),
+        );
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(30))
             .wait(Wait::Try);
@@ -604,9 +564,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_shorter_extend_shortens_validity() {
         let server = MemoryBackend::new();
-        let l = Locker::new(SlowRenewals {
-            server: server.clone(),
-        });
+        let l = faulty(&server, &Faults::late([Duration::from_secs(60)]));
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(30))
             .wait(Wait::Try)
@@ -625,79 +583,26 @@ mod tests {
         );
     }
 
-    /// A backend that records whether a release ran while a renewal was in
-    /// flight.
-    #[derive(Debug, Clone, Default)]
-    struct Overlaps {
-        server: MemoryBackend,
-        renewing: Arc<std::sync::atomic::AtomicBool>,
-        overlapped: Arc<std::sync::atomic::AtomicBool>,
-    }
-
-    #[derive(Debug)]
-    struct OverlapLease {
-        inner: Box<dyn BackendLease>,
-        of: Overlaps,
-    }
-
-    #[async_trait]
-    impl Backend for Overlaps {
-        fn name(&self) -> &'static str {
-            "overlaps"
-        }
-
-        fn capabilities(&self) -> Capabilities {
-            self.server.capabilities()
-        }
-
-        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
-            Ok(self.server.acquire(req).await?.map(|g| Grant {
-                lease: Box::new(OverlapLease {
-                    inner: g.lease,
-                    of: self.clone(),
-                }),
-                ..g
-            }))
-        }
-    }
-
-    #[async_trait]
-    impl BackendLease for OverlapLease {
-        async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-            use std::sync::atomic::Ordering::SeqCst;
-            self.of.renewing.store(true, SeqCst);
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let r = self.inner.renew(ttl).await;
-            self.of.renewing.store(false, SeqCst);
-            r
-        }
-
-        async fn release(&self) -> Result<Released> {
-            use std::sync::atomic::Ordering::SeqCst;
-            if self.of.renewing.load(SeqCst) {
-                self.of.overlapped.store(true, SeqCst);
-            }
-            self.inner.release().await
-        }
-    }
-
     /// A release waits for the renewal in flight: a renewal that lands after
     /// the release could take the lease back on the server (RedLock retakes
     /// a key an instance lost).
     #[tokio::test(start_paused = true)]
     async fn a_release_waits_for_the_renewal_in_flight() {
-        let backend = Overlaps::default();
-        let l = Locker::new(backend.clone());
+        let backend = Arc::new(Faults {
+            before: Duration::from_millis(500),
+            ..Faults::default()
+        });
+        let l = faulty(&MemoryBackend::new(), &backend);
         let opts = LockOptions::new()
             .ttl(Duration::from_secs(3))
             .wait(Wait::Try);
         let g = l.acquire("x", &opts).await.unwrap().unwrap();
         // The watchdog renews at 1 s; its renewal is in flight until 1.5 s.
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        assert!(backend.renewing.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(backend.renewing.load(SeqCst));
         g.release().await.unwrap();
         assert!(
-            !backend.overlapped.load(std::sync::atomic::Ordering::SeqCst),
+            !backend.overlapped.load(SeqCst),
             "the release ran while a renewal was in flight"
         );
     }
