@@ -1,8 +1,9 @@
 //! etcd backend figures, each beside the server's floor for the same round
 //! trips made with the raw client, in one run on one server:
 //!
-//! - acquire+release pairs/s, one task (lease grant, create txn, delete txn;
-//!   the lease revoke goes in the background in both);
+//! - acquire+release pairs/s, one task; floor: the two durable writes of
+//!   etcd's own `concurrency.Mutex` on a session lease (create txn, delete
+//!   txn), the lease granted once;
 //! - the same with 64 tasks on distinct names;
 //! - contended handoff latency (release → next waiter holds) with 8 waiters,
 //!   p50/p99; floor: delete txn → watch event → one read txn.
@@ -20,6 +21,9 @@ use etcd_client::{
 };
 use lockcore::bench as workload;
 
+/// Each throughput figure alternates with its floor this many times.
+const ROUNDS: u32 = 3;
+
 fn secs() -> Duration {
     let s = std::env::var("BENCH_SECS")
         .ok()
@@ -28,12 +32,9 @@ fn secs() -> Duration {
     Duration::from_secs_f64(s)
 }
 
-/// The round trips of one acquire+release, with the raw client.
+/// The round trips of one acquire+release on lease `id`, with the raw
+/// client.
 async fn raw_pair(c: &mut Client, range: &str, id: i64) {
-    let mut lc = c.lease_client();
-    lc.grant(10, Some(etcd_client::LeaseGrantOptions::new().with_id(id)))
-        .await
-        .expect("grant");
     let key = format!("{range}{id:x}");
     let first = GetOptions::new()
         .with_prefix()
@@ -59,9 +60,6 @@ async fn raw_pair(c: &mut Client, range: &str, id: i64) {
     )
     .await
     .expect("delete");
-    tokio::spawn(async move {
-        let _ = lc.revoke(id).await;
-    });
 }
 
 fn lease_id() -> i64 {
@@ -75,11 +73,18 @@ async fn pairs_per_sec_raw(c: &Client, tasks_n: usize, ns: &str, d: Duration) ->
         let range = format!("lockcore/{ns}%2Fraw%2F{i}/");
         let mut c = c.clone();
         tasks.push(tokio::spawn(async move {
+            // One session lease per task, as `concurrency.NewSession`.
+            let id = lease_id();
+            c.lease_client()
+                .grant(60, Some(etcd_client::LeaseGrantOptions::new().with_id(id)))
+                .await
+                .expect("grant");
             let mut n = 0u64;
             while start.elapsed() < d {
-                raw_pair(&mut c, &range, lease_id()).await;
+                raw_pair(&mut c, &range, id).await;
                 n += 1;
             }
+            let _ = c.lease_client().revoke(id).await;
             n
         }));
     }
@@ -153,12 +158,20 @@ fn main() {
         let l = lockcore_etcd::connect(&url).await.expect("connect");
         println!("etcd at {url}, {d:?} per figure");
 
-        let one = workload::uncontended(&l, &ns, 1, d).await.expect("pairs");
-        let one_raw = pairs_per_sec_raw(&raw, 1, &ns, d).await;
+        // Each figure and its floor in alternating thirds, so that the
+        // server's drift over the run weighs on both alike.
+        let (mut one, mut one_raw, mut many, mut many_raw) = (0.0, 0.0, 0.0, 0.0);
+        for _ in 0..ROUNDS {
+            one += workload::uncontended(&l, &ns, 1, d / ROUNDS).await.expect("pairs");
+            one_raw += pairs_per_sec_raw(&raw, 1, &ns, d / ROUNDS).await;
+        }
+        for _ in 0..ROUNDS {
+            many += workload::uncontended(&l, &ns, 64, d / ROUNDS).await.expect("pairs");
+            many_raw += pairs_per_sec_raw(&raw, 64, &ns, d / ROUNDS).await;
+        }
+        let n = f64::from(ROUNDS);
+        let (one, one_raw, many, many_raw) = (one / n, one_raw / n, many / n, many_raw / n);
         println!("acquire+release, 1 task:    {one:8.0} pairs/s   (raw floor {one_raw:8.0}/s, {:.0}%)", 100.0 * one / one_raw);
-
-        let many = workload::uncontended(&l, &ns, 64, d).await.expect("pairs");
-        let many_raw = pairs_per_sec_raw(&raw, 64, &ns, d).await;
         println!("acquire+release, 64 tasks:  {many:8.0} pairs/s   (raw floor {many_raw:8.0}/s, {:.0}%)", 100.0 * many / many_raw);
 
         // One holder and 8 waiters at any time.

@@ -1,5 +1,6 @@
-//! The backend: connect, acquire (a lease and a key per acquisition, then
-//! the wait of `wait.rs`), inspect.
+//! The backend: connect, acquire (a lease per held lock, recycled through
+//! `spare.rs`, and a key per acquisition, then the wait of `wait.rs`),
+//! inspect.
 
 use std::fmt;
 use std::future::Future;
@@ -16,16 +17,18 @@ use lockcore::backend::prelude::*;
 use lockcore::sync::lock;
 
 use crate::config::{EtcdConfig, NAME};
-use crate::error::map_err;
+use crate::error::{is_lease_not_found, map_err};
 use crate::keys::{first_kv, header_rev, lease_id_of, range_of};
 use crate::lease::{revoke, EtcdLease};
+use crate::spare::{Spare, SpareLeases};
 use crate::wait::Turn;
 
 /// An etcd lock backend. Cheap to clone (clones share the connection).
 ///
-/// Each acquisition gets its own etcd lease (see the crate docs for why),
-/// and its lock key `<prefix>/<encoded name>/<lease id in hex>` is attached
-/// to it.
+/// Each held lock has its own etcd lease (see the crate docs for why), and
+/// its lock key `<prefix>/<encoded name>/<lease id in hex>` is attached to
+/// it. The lease of a cleanly released lock is kept for the next
+/// acquisition with the same ttl.
 #[derive(Clone)]
 pub struct EtcdBackend {
     pub(crate) inner: Arc<Inner>,
@@ -37,6 +40,7 @@ pub(crate) struct Inner {
     pub(crate) request_timeout: Duration,
     pub(crate) servers: String,
     pub(crate) counters: Arc<EtcdCounters>,
+    pub(crate) spares: SpareLeases,
 }
 
 /// The live counters of one backend, for tests and monitoring: a handle
@@ -143,6 +147,7 @@ impl EtcdBackend {
                 request_timeout: cfg.request_timeout,
                 servers,
                 counters: Arc::default(),
+                spares: SpareLeases::default(),
             }),
         };
         // One read, so that a wrong address or credentials fail here.
@@ -197,7 +202,6 @@ impl EtcdBackend {
         within(NAME, format!("{what} on {servers}"), limit, mutating, asked).await
     }
 
-    /// One try with one lease: create the key, then wait for older keys to go.
     /// Grants `lease` with `ttl` (whole seconds); returns when the request
     /// was sent.
     async fn grant_lease(&self, lease: i64, ttl: Duration, limit: Duration) -> Result<Instant> {
@@ -257,26 +261,71 @@ impl EtcdBackend {
         Ok((my_rev, first_kv(ops.get(1)).map(|kv| kv.1)))
     }
 
+    /// One try with `lease`: a spare one (renewed beside the key's put) or
+    /// a new one (granted first); then create the key and wait for older
+    /// keys to go.
     async fn attempt(
         &self,
         req: &AcquireRequest<'_>,
         lease: i64,
-    ) -> Result<std::result::Result<Option<Grant>, &'static str>> {
+        spare: Option<Spare>,
+    ) -> Result<std::result::Result<Option<Grant>, Retry>> {
         let name = req.name;
         let ttl = req.ttl;
         let limit = self.op_timeout(ttl);
         let range = range_of(&self.inner.prefix, name);
         let key = format!("{range}{lease:x}");
-        // Armed before the grant is sent: the lease id is chosen here, so a
-        // dropped acquire revokes it (and with it the key) whatever the
-        // server had applied.
+        // Armed before the first request is sent: the lease id is chosen
+        // here, so a dropped acquire revokes it (and with it the key)
+        // whatever the server had applied.
         let cleanup = CleanupOnDrop::new(
             "revoke the lease of a dropped etcd acquisition",
             revoke(self.clone(), lease, limit),
         );
-        let sent = self.grant_lease(lease, ttl, limit).await?;
-        let valid = Mutex::new(validity_deadline(sent, ttl));
-        let (my_rev, owner_rev) = self.create_key(&key, &range, lease, limit).await?;
+        let (valid_from_grant, (my_rev, owner_rev)) = match spare {
+            None => {
+                let sent = self.grant_lease(lease, ttl, limit).await?;
+                let created = self.create_key(&key, &range, lease, limit).await?;
+                (validity_deadline(sent, ttl), created)
+            }
+            Some(spare) => {
+                let sent = Instant::now();
+                // Renewed within the drift allowance (a lock cycle ago): it
+                // has its whole ttl but for that, as the validity says.
+                let fresh = spare.valid_until + ttl / 100 >= validity_deadline(sent, ttl);
+                let (alive, created) = if fresh {
+                    let created = self.create_key(&key, &range, lease, limit).await;
+                    (None, created)
+                } else {
+                    let (alive, created) = tokio::join!(
+                        self.keep_alive_once(lease, limit),
+                        self.create_key(&key, &range, lease, limit)
+                    );
+                    (Some(alive), created)
+                };
+                let created = match created {
+                    // Refused whole: nothing was created.
+                    Err(e) if is_lease_not_found(&e) => {
+                        cleanup.disarm();
+                        return Ok(Err(Retry::SpareEnded));
+                    }
+                    other => other?,
+                };
+                let valid = match alive {
+                    Some(Ok(true)) => validity_deadline(sent, ttl),
+                    // It ended after the put: the key went with it.
+                    Some(Ok(false)) => {
+                        cleanup.run_now().await;
+                        return Ok(Err(Retry::SpareEnded));
+                    }
+                    // Fresh, or not renewed: it lives as long as it was
+                    // known to.
+                    None | Some(Err(_)) => spare.valid_until,
+                };
+                (valid, created)
+            }
+        };
+        let valid = Mutex::new(valid_from_grant);
         if owner_rev != Some(my_rev) {
             if req.deadline == Deadline::Now {
                 cleanup.run_now().await;
@@ -293,7 +342,7 @@ impl EtcdBackend {
                 }
                 Turn::Gone(why) => {
                     cleanup.run_now().await;
-                    return Ok(Err(why));
+                    return Ok(Err(Retry::LostPlace(why)));
                 }
             }
         }
@@ -310,11 +359,20 @@ impl EtcdBackend {
                 lease,
                 rev: my_rev,
                 ttl,
+                valid_until: Mutex::new(valid_until),
             }),
             fence: Some(fence),
             valid_until,
         })))
     }
+}
+
+/// Why an attempt must be made again, with a new lease.
+enum Retry {
+    /// The waiting lease or key vanished.
+    LostPlace(&'static str),
+    /// The spare lease taken had ended on the server.
+    SpareEnded,
 }
 
 #[async_trait]
@@ -332,24 +390,32 @@ impl Backend for EtcdBackend {
 
     /// # Cancel safety
     ///
-    /// Cancel safe: the lease id is chosen before the grant is sent, and a
-    /// dropped acquisition revokes that lease in the background, which
-    /// deletes its key whether it was waiting or had just been granted.
+    /// Cancel safe: the lease id (a spare one, or a new one) is chosen
+    /// before the first request is sent, and a dropped acquisition revokes
+    /// that lease in the background, which deletes its key whether it was
+    /// waiting or had just been granted.
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
-        let mut lease = lease_id_of(req.owner);
+        let ttl_secs = whole_seconds(req.ttl);
+        let margin = self.op_timeout(req.ttl);
+        let mut spare = self.inner.spares.take(ttl_secs, Instant::now(), margin);
+        let mut lease = spare.map_or_else(|| lease_id_of(req.owner), |s| s.id);
         loop {
-            match self.attempt(&req, lease).await? {
+            match self.attempt(&req, lease, spare).await? {
                 Ok(grant) => return Ok(grant),
-                Err(why) => {
-                    tracing::warn!(
-                        backend = NAME,
-                        name = req.name,
-                        reason = why,
-                        "a waiting acquisition lost its place; queueing again with a new lease"
-                    );
-                    lease = lease_id_of(OwnerToken::random());
-                }
+                Err(Retry::LostPlace(why)) => tracing::warn!(
+                    backend = NAME,
+                    name = req.name,
+                    reason = why,
+                    "a waiting acquisition lost its place; queueing again with a new lease"
+                ),
+                Err(Retry::SpareEnded) => tracing::debug!(
+                    backend = NAME,
+                    name = req.name,
+                    "a spare lease had ended; granting a new one"
+                ),
             }
+            spare = None;
+            lease = lease_id_of(OwnerToken::random());
         }
     }
 

@@ -47,3 +47,13 @@ pub(crate) fn map_err(e: etcd_client::Error, what: &str, servers: &str, mutating
 pub(crate) fn is_transient(e: &Error) -> bool {
     matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Indeterminate)
 }
+
+/// The server refused a request for naming a lease it does not have (the
+/// request applied nothing).
+pub(crate) fn is_lease_not_found(e: &Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<etcd_client::Error>())
+        .is_some_and(
+            |e| matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound),
+        )
+}

@@ -1,16 +1,20 @@
 //! A held lock: its key, its lease and the key's create revision; renewal
-//! by keepalive and a read of the key, release by a compare-guarded delete.
+//! by keepalive and a read of the key, release by a compare-guarded delete
+//! that leaves the lease spare for the next acquisition.
 
 use std::fmt;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lockcore::backend::prelude::*;
 use lockcore::retry::Backoff;
+use lockcore::sync::lock;
 
 use crate::backend::EtcdBackend;
 use crate::config::NAME;
 use crate::error::{is_transient, map_err};
+use crate::spare::Spare;
 
 impl EtcdBackend {
     /// One keepalive of `lease`: `Ok(true)` renewed, `Ok(false)` the lease is
@@ -61,6 +65,8 @@ pub(crate) struct EtcdLease {
     pub(crate) lease: i64,
     pub(crate) rev: i64,
     pub(crate) ttl: Duration,
+    /// Until when the lease is surely alive, as the last renewal showed.
+    pub(crate) valid_until: Mutex<Instant>,
 }
 
 impl fmt::Debug for EtcdLease {
@@ -114,18 +120,20 @@ impl BackendLease for EtcdLease {
         if !still {
             return Ok(Renewal::Lost);
         }
-        Ok(Renewal::Renewed {
-            valid_until: validity_deadline(sent, ttl),
-        })
+        let valid_until = validity_deadline(sent, ttl);
+        *lock(&self.valid_until) = valid_until;
+        Ok(Renewal::Renewed { valid_until })
     }
 
     /// Deletes the key if it is still this lock's (compare on its create
-    /// revision), then revokes the lease in the background.
+    /// revision). When it was, the lease, now attached to nothing, is kept
+    /// spare for the handle's next acquisition with the same ttl; otherwise
+    /// it is revoked in the background.
     ///
     /// # Cancel safety
     ///
     /// A dropped release may or may not have deleted the key; the lease then
-    /// ends by its ttl as if the holder had died.
+    /// ends by its ttl as if the holder had died, and is never reused.
     async fn release(&self) -> Result<Released> {
         let b = &self.backend;
         let limit = b.op_timeout(self.ttl);
@@ -160,10 +168,17 @@ impl BackendLease for EtcdLease {
                 other => break other,
             }
         };
-        spawn_cleanup(
-            "revoke the lease of a released etcd lock",
-            revoke(b.clone(), self.lease, limit),
-        );
+        let deleted = matches!(&res, Ok(r) if r.succeeded());
+        let spare = Spare {
+            id: self.lease,
+            valid_until: *lock(&self.valid_until),
+        };
+        if !(deleted && b.inner.spares.put(whole_seconds(self.ttl), spare)) {
+            spawn_cleanup(
+                "revoke the lease of a released etcd lock",
+                revoke(b.clone(), self.lease, limit),
+            );
+        }
         Ok(if res?.succeeded() {
             Released::Released
         } else {

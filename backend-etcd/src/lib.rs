@@ -21,7 +21,7 @@
 //! excluded by this backend; with `?prefix=` empty, `etcdctl lock N` does.
 //! [`lock_range`] gives the string to pass.
 //!
-//! **Leases.** Every acquisition has its own etcd lease, granted with the
+//! **Leases.** Every held lock has its own etcd lease, granted with the
 //! lock's ttl (rounded up to whole seconds; the server may raise it to its
 //! minimum, about 1.5 × the election timeout, which only lengthens how long
 //! a dead holder's key lives). While the acquisition waits, the waiting
@@ -31,6 +31,20 @@
 //! the validity deadline (send time of the last successful renewal + ttl,
 //! less the drift allowance of `lockcore::backend::validity_deadline`)
 //! passes because the server could not be reached.
+//!
+//! **Recycling.** A lock released cleanly (its key deleted by the release)
+//! leaves its lease granted, attached to nothing, for the handle's next
+//! acquisition with the same ttl (in whole seconds), of any name. The next
+//! acquisition puts its key on that lease, renewing it beside the put unless
+//! it was renewed within the drift allowance of a fresh grant. So a lock
+//! cycle costs two durable writes (the key's put and its delete), as with
+//! `concurrency.Mutex` on a session, instead of four (grant, put, delete,
+//! revoke); keepalives are not durable writes. A spare lease is not kept
+//! alive: one not taken while it has a request's time left ends by its ttl
+//! on the server, with no key. Abandoned and lost leases, and those of a
+//! release that failed or was dropped, are never reused (they are revoked or
+//! left to run out); at most 64 spare leases are kept per ttl. A `try` that
+//! finds the name held, and a waiter that gives up, revoke their lease.
 //!
 //! A lease per lock rather than one per handle: lockcore's ttl is chosen per
 //! acquisition, locks without renewal must end after their own ttl, two
@@ -66,6 +80,7 @@ pub mod config;
 mod error;
 mod keys;
 mod lease;
+mod spare;
 mod wait;
 
 pub use backend::{EtcdBackend, EtcdCounters, EtcdStats};

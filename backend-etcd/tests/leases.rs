@@ -1,0 +1,225 @@
+//! Lease recycling, checked on the server: a lock cycle costs two durable
+//! writes (counted by the server's `etcd_server_proposals_committed_total`),
+//! a cleanly released lease serves the next acquisition with the same ttl,
+//! and abandoned, lost or differently sized leases are never reused. One
+//! case at a time, since the write count is the whole server's.
+
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions};
+use lockcore::{LockOptions, Wait};
+use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
+use lockcore_etcd::{lock_range, DEFAULT_PREFIX};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn connect(url: String) -> ConnectFuture {
+    Box::pin(async move { lockcore_etcd::connect(&url).await })
+}
+
+fn host(ctx: &Ctx) -> String {
+    let url = lockcore::address::ServerUrl::parse(&ctx.config, 2379).expect("an etcd:// URL");
+    url.hosts[0].to_string()
+}
+
+async fn raw(ctx: &Ctx) -> Client {
+    Client::connect([format!("http://{}", host(ctx))], None)
+        .await
+        .expect("raw client")
+}
+
+/// The proposals the server has committed (every durable write, lease
+/// grants and revokes included; keepalives are not proposals).
+async fn proposals(ctx: &Ctx) -> u64 {
+    let mut s = tokio::net::TcpStream::connect(host(ctx))
+        .await
+        .expect("metrics");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .await
+        .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.expect("metrics body");
+    body.lines()
+        .find_map(|l| l.strip_prefix("etcd_server_proposals_committed_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("etcd_server_proposals_committed_total in /metrics") as u64
+}
+
+/// The lease id of the holder's key of `name`, read on the server.
+async fn holder_lease(c: &mut Client, name: &str) -> Option<i64> {
+    let range = lock_range(DEFAULT_PREFIX, name);
+    let r = c
+        .get(range, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get");
+    r.kvs().first().map(|kv| kv.lease())
+}
+
+fn opts(ttl: u64) -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(ttl))
+        .wait(Wait::For(Duration::from_secs(10)))
+}
+
+/// Lock cycles on one name cost two durable writes each (put and delete),
+/// not four (grant, put, delete, revoke).
+async fn two_durable_writes_per_cycle(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let name = ctx.name("cycle");
+    // The first cycle grants the lease that the others reuse.
+    l.acquire(&name, &opts(5))
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let cycles = 50;
+    let before = proposals(&ctx).await;
+    for _ in 0..cycles {
+        l.acquire(&name, &opts(5))
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let writes = proposals(&ctx).await - before;
+    // A little room for the server's own proposals (none are expected).
+    assert!(
+        writes <= 2 * cycles + 3,
+        "{writes} durable writes for {cycles} lock cycles; 2 per cycle expected"
+    );
+}
+
+/// A released lock's lease serves the next acquisition with the same ttl,
+/// of this or another name; another ttl gets its own lease.
+async fn released_lease_serves_the_next_lock(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let mut c = raw(&ctx).await;
+    let (a, b) = (ctx.name("a"), ctx.name("b"));
+    let g = l.acquire(&a, &opts(5)).await.unwrap().unwrap();
+    let first = holder_lease(&mut c, &a).await.expect("a key for a");
+    g.release().await.unwrap();
+    assert_eq!(holder_lease(&mut c, &a).await, None, "released: no key");
+    let alive = c.lease_time_to_live(first, None).await.expect("ttl");
+    assert!(alive.ttl() > 0, "the released lock's lease stays granted");
+
+    let g = l.acquire(&b, &opts(5)).await.unwrap().unwrap();
+    assert_eq!(holder_lease(&mut c, &b).await, Some(first), "reused");
+    let other = l.acquire(&a, &opts(7)).await.unwrap().unwrap();
+    let seven = holder_lease(&mut c, &a).await.expect("a key for a");
+    assert_ne!(seven, first, "a ttl of 7 s does not take a 5 s lease");
+    let left = c.lease_time_to_live(seven, None).await.expect("ttl");
+    assert!(left.granted_ttl() >= 7, "granted {}", left.granted_ttl());
+    g.release().await.unwrap();
+    other.release().await.unwrap();
+}
+
+/// A recycled lease is renewed when taken: a lock taken with no watchdog on
+/// a lease left idle lives its own ttl, not the lease's remainder.
+async fn recycled_lease_gets_its_whole_ttl(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let mut c = raw(&ctx).await;
+    let name = ctx.name("whole");
+    let ttl = 6;
+    let g = l.acquire(&name, &opts(ttl)).await.unwrap().unwrap();
+    let id = holder_lease(&mut c, &name).await.expect("key");
+    g.release().await.unwrap();
+    // Let the idle lease run down, but not past the margin of one request.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let g = l
+        .acquire(&name, &opts(ttl).renew(false))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(holder_lease(&mut c, &name).await, Some(id), "reused");
+    let left = c.lease_time_to_live(id, None).await.expect("ttl").ttl();
+    assert!(
+        left >= ttl as i64 - 1,
+        "the taken lease has {left} s left of its {ttl} s"
+    );
+    g.release().await.unwrap();
+}
+
+/// Abandoned and lost leases are never reused: the next lock gets a new
+/// lease, and the abandoned lock stays held on the server until its ttl.
+async fn abandoned_and_lost_leases_are_not_reused(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let other = ctx.harness.connect().await.expect("connect");
+    let mut c = raw(&ctx).await;
+    let (a, b, d) = (ctx.name("a"), ctx.name("b"), ctx.name("d"));
+    // A released lease to tempt the next acquisitions.
+    l.acquire(&d, &opts(3))
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let spare = c
+        .leases()
+        .await
+        .expect("leases")
+        .leases()
+        .iter()
+        .map(|s| s.id())
+        .collect::<Vec<_>>();
+
+    let g = l.acquire(&a, &opts(3)).await.unwrap().unwrap();
+    let abandoned = holder_lease(&mut c, &a).await.expect("key");
+    assert!(spare.contains(&abandoned), "the spare lease was taken");
+    g.abandon();
+    let g = l.acquire(&b, &opts(3)).await.unwrap().unwrap();
+    let next = holder_lease(&mut c, &b).await.expect("key");
+    assert_ne!(next, abandoned, "an abandoned lease was reused");
+    assert!(
+        other.try_lock(&a).await.unwrap().is_none(),
+        "the abandoned lock is still held on the server"
+    );
+
+    // Lost: the lease revoked behind the holder's back.
+    c.lease_revoke(next).await.expect("revoke");
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost fires");
+    let _ = g.release().await;
+    let g = l.acquire(&b, &opts(3)).await.unwrap().unwrap();
+    let after = holder_lease(&mut c, &b).await.expect("key");
+    assert_ne!(after, next, "a lost lease was reused");
+    g.release().await.unwrap();
+
+    let start = Instant::now();
+    let g = other.acquire(&a, &opts(3)).await.unwrap().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "the abandoned lock ended by its ttl"
+    );
+    g.release().await.unwrap();
+}
+
+fn main() -> std::process::ExitCode {
+    let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
+    run_serial(vec![Target::new(
+        "etcd-leases",
+        Some("LOCKTEST_ETCD_URL"),
+        url,
+    )
+    .hint(COMPOSE_HINT)
+    .only_own_cases()
+    .case("two_durable_writes_per_cycle", |ctx| {
+        Box::pin(two_durable_writes_per_cycle(ctx))
+    })
+    .case("released_lease_serves_the_next_lock", |ctx| {
+        Box::pin(released_lease_serves_the_next_lock(ctx))
+    })
+    .case("recycled_lease_gets_its_whole_ttl", |ctx| {
+        Box::pin(recycled_lease_gets_its_whole_ttl(ctx))
+    })
+    .case("abandoned_and_lost_leases_are_not_reused", |ctx| {
+        Box::pin(abandoned_and_lost_leases_are_not_reused(ctx))
+    })])
+}
