@@ -6,7 +6,9 @@
 //! 1. One task: uncontended acquire+release pairs/s, beside the same
 //!    statements run back to back by raw sqlx connections (the floor).
 //! 2. 32 tasks on distinct names, same comparison with 32 raw pairs.
-//! 3. Contended hand-off latency (release sent → next holder acquired) with
+//! 3. One task with `fencing=none`, beside raw sqlx running `START
+//!    TRANSACTION`, `SELECT ... FOR UPDATE` and `COMMIT`.
+//! 4. Contended hand-off latency (release sent → next holder acquired) with
 //!    8 clients on one name: p50 / p99, beside raw clients handing a
 //!    `FOR UPDATE` row over by `ROLLBACK`.
 
@@ -60,6 +62,33 @@ async fn raw_pairs_for(url: &str, name: &str, until: Instant) -> u64 {
             .execute(&mut hold)
             .await
             .unwrap();
+        n += 1;
+    }
+    n
+}
+
+/// A plain row lock taken and let go, with raw sqlx: the floor of a lock
+/// without fencing.
+async fn raw_plain_pairs_for(url: &str, name: &str, until: Instant) -> u64 {
+    let mut c = MySqlConnection::connect(url).await.unwrap();
+    sqlx::query("INSERT IGNORE INTO lockcore_locks (name) VALUES (?)")
+        .bind(name.as_bytes())
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let mut n = 0;
+    while Instant::now() < until {
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        sqlx::query("SELECT 1 FROM `lockcore_locks` WHERE `name` = ? FOR UPDATE")
+            .bind(name.as_bytes())
+            .fetch_optional(&mut c)
+            .await
+            .unwrap()
+            .expect("row");
+        sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
         n += 1;
     }
     n
@@ -128,7 +157,16 @@ fn main() {
         }
         let raw32 = total as f64 / t.elapsed().as_secs_f64();
 
-        // 3. Hand-off, 8 clients on one name.
+        // 3. One task without fencing.
+        let plain = lockcore_mysql::connect(&format!("{url}?fencing=none&ensure_schema=false"))
+            .await
+            .unwrap();
+        workload::uncontended(&plain, &format!("{ns}/warm-plain"), 1, Duration::from_millis(300)).await.unwrap();
+        let plain1 = workload::uncontended(&plain, &format!("{ns}/plain"), 1, RUN).await.unwrap();
+        let t = Instant::now();
+        let raw_plain1 = raw_plain_pairs_for(&url, &format!("{ns}/raw-plain"), t + RUN).await as f64 / t.elapsed().as_secs_f64();
+
+        // 4. Hand-off, 8 clients on one name.
         let name = format!("{ns}/handoff");
         let mut lockers = Vec::new();
         for _ in 0..8 {
@@ -172,6 +210,7 @@ fn main() {
         println!("|---|---|---|---|");
         println!("| 1 task, acquire+release pairs/s | {ours1:.0} | {raw1:.0} | {:.2} |", ours1 / raw1);
         println!("| 32 tasks, distinct names, pairs/s | {ours32:.0} | {raw32:.0} | {:.2} |", ours32 / raw32);
+        println!("| 1 task, `fencing=none`, pairs/s (floor: START TRANSACTION, FOR UPDATE, COMMIT) | {plain1:.0} | {raw_plain1:.0} | {:.2} |", plain1 / raw_plain1);
         println!(
             "| hand-off, 8 clients, p50 / p99 ms ({} / {} hand-offs) | {:.3} / {:.3} | {:.3} / {:.3} | |",
             ours.len(),

@@ -129,13 +129,36 @@ impl MysqlBackend {
             .min_connections(0)
             .acquire_timeout(cfg.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(60)))
-            .test_before_acquire(true)
+            // Locks take idle connections with `try_acquire` (no test); a
+            // dead one is replaced when its first statement fails (see
+            // `open_transaction`). One awaited from the pool is pinged only
+            // after being idle long enough to have died.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_BEFORE_PING {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(|conn, _meta| {
                 Box::pin(async move { sqlx::raw_sql(SESSION_SETUP).execute(conn).await.map(drop) })
             })
             .connect_lazy_with(opts.clone());
         let aux = MySqlPoolOptions::new()
             .max_connections(cfg.aux_pool_size)
+            // A ping only for a connection idle long enough to have died
+            // (a server restart): not one before every fencing statement.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_BEFORE_PING {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .min_connections(0)
             .acquire_timeout(cfg.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(60)))
@@ -159,6 +182,9 @@ impl MysqlBackend {
     }
 }
 
+/// A pooled connection idle this long is pinged before use.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+
 #[async_trait]
 impl Backend for MysqlBackend {
     fn name(&self) -> &'static str {
@@ -168,7 +194,13 @@ impl Backend for MysqlBackend {
     fn capabilities(&self) -> Capabilities {
         // Waiting is the server's own row-lock wait: a commit or rollback
         // hands the row to a waiter at once (push), in no promised order.
-        Capabilities::new(Fencing::Strict, LeaseKind::Connection).push_wakeup(true)
+        // The lease is the holding connection: each held lock keeps one.
+        let fencing = if self.shared.cfg.fencing {
+            Fencing::Strict
+        } else {
+            Fencing::None
+        };
+        Capabilities::new(fencing, LeaseKind::Connection).push_wakeup(true)
     }
 
     /// On a connection of its own, a transaction that locks the name's row
@@ -192,24 +224,31 @@ impl Backend for MysqlBackend {
         // From here, dropping `h` (an error, or this future dropped) closes
         // the connection and KILLs its thread: nothing stays locked.
         let mut h = self.open_transaction(ttl, first_wait).await?;
-        if !self
+        let Some(locked_at) = self
             .wait_for_row(&mut h, req.name, req.deadline, first_wait)
             .await?
-        {
+        else {
             self.give_back(h).await?;
             return Ok(None);
-        }
+        };
         let conn_id = h.id.unwrap_or_default();
-        // The fencing counter: advanced while the row is locked, in its own
-        // committed statement, so it never rolls back with a dead holder.
-        let fence = self
-            .next_fence(req.name, conn_id, req.owner.to_string())
-            .await?;
-        // Prove the holding transaction outlived the increment: only then is
-        // every later holder's increment after this one.
-        let sent = Instant::now();
-        self.prove_alive(&mut h).await?;
-        tracing::debug!(name = req.name, fence, conn_id, "row lock taken");
+        let (fence, sent) = if sh.cfg.fencing {
+            // The fencing counter: advanced while the row is locked, in its
+            // own committed statement, so it never rolls back with a dead
+            // holder.
+            let fence = self
+                .next_fence(req.name, conn_id, req.owner.to_string())
+                .await?;
+            // Prove the holding transaction outlived the increment: only
+            // then is every later holder's increment after this one.
+            let sent = Instant::now();
+            self.prove_alive(&mut h).await?;
+            (Some(fence), sent)
+        } else {
+            // The session's idle clock started with the locking read.
+            (None, locked_at)
+        };
+        tracing::debug!(name = req.name, ?fence, conn_id, "row lock taken");
         Ok(Some(Grant {
             lease: Box::new(MysqlLease {
                 shared: sh,
@@ -219,7 +258,7 @@ impl Backend for MysqlBackend {
                 lost: req.lost.clone(),
                 conn: Arc::new(tokio::sync::Mutex::new(Some(h))),
             }),
-            fence: Some(fence),
+            fence,
             valid_until: validity_deadline(sent, req.ttl),
         }))
     }

@@ -7,7 +7,8 @@
 //! |---|---|---|
 //! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence` |
 //! | `pool_size` | 32 | connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after) |
-//! | `aux_pool_size` | 4 | connections for short autocommit statements (fencing counter, cancelling a wait) |
+//! | `aux_pool_size` | 8 | connections for short autocommit statements (fencing counter, cancelling a wait) |
+//! | `fencing` | `strict` | `none` skips the fencing counter: tokens are `None` ([`Fencing::None`](lockcore::Fencing::None)), and an acquisition makes two round trips fewer and commits nothing |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
 //! | `ensure_schema` | `true` | create the two tables if missing when connecting (see [`crate::schema_sql`]) |
@@ -55,6 +56,10 @@ pub struct MysqlConfig {
     pub request_timeout: Duration,
     /// Whether [`connect`](crate::connect) creates missing tables.
     pub ensure_schema: bool,
+    /// Whether each acquisition advances the name's fencing counter (`true`,
+    /// the default: strict tokens) or skips it (`fencing=none`: no tokens,
+    /// exclusion only, one durable commit and two round trips fewer).
+    pub fencing: bool,
 }
 
 impl fmt::Display for MysqlConfig {
@@ -83,10 +88,11 @@ impl MysqlConfig {
             database: None,
             table: "lockcore_locks".to_owned(),
             pool_size: 32,
-            aux_pool_size: 4,
+            aux_pool_size: 8,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             ensure_schema: true,
+            fencing: true,
         }
     }
 
@@ -158,6 +164,17 @@ impl MysqlConfig {
         if let Some(b) = o.boolean("ensure_schema").map_err(&bad)? {
             cfg.ensure_schema = b;
         }
+        if let Some(v) = o.string("fencing") {
+            cfg.fencing = match v.as_str() {
+                "strict" => true,
+                "none" => false,
+                _ => {
+                    return Err(bad(format!(
+                        "option fencing={v:?}: expected strict or none"
+                    )))
+                }
+            };
+        }
         for key in ["ssl-mode", "sslmode", "ssl_mode"] {
             if let Some(v) = o.string(key) {
                 if !v.eq_ignore_ascii_case("disabled") {
@@ -206,6 +223,17 @@ mod tests {
         assert_eq!(c.pool_size, 8);
         assert_eq!(c.request_timeout, Duration::from_millis(200));
         assert!(!c.ensure_schema);
+        assert!(c.fencing);
+        assert!(
+            !MysqlConfig::parse("mysql://h?fencing=none")
+                .unwrap()
+                .fencing
+        );
+        assert!(
+            MysqlConfig::parse("mysql://h?fencing=strict")
+                .unwrap()
+                .fencing
+        );
         assert!(!format!("{c:?}").contains("p@ss"));
         assert!(!c.to_string().contains("p@ss"));
         let c = MysqlConfig::parse("mysql://db.example").unwrap();
@@ -220,6 +248,7 @@ mod tests {
             ("mysql://h:notaport", "port \"notaport\""),
             ("mysql://h/a/b", "one path segment"),
             ("mysql://h?bogus=1", "unknown option \"bogus\""),
+            ("mysql://h?fencing=weak", "option fencing=\"weak\""),
             ("mysql://h?table=x;drop", "option table"),
             ("mysql://h?pool_size=0", "pool_size"),
             ("mysql://:secret@h:1?connect_timeout_ms=x", "milliseconds"),

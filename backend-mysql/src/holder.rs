@@ -23,7 +23,9 @@ impl MysqlBackend {
     /// holding this name's row: a probe transaction asks for the row lock,
     /// and the server's lock-wait graph (`information_schema.INNODB_LOCK_WAITS`
     /// on MariaDB, `performance_schema.data_lock_waits` on MySQL 8) must show
-    /// the recorded connection blocking it. Needs the `PROCESS` privilege.
+    /// the recorded connection blocking it. With `fencing=none` nothing is
+    /// recorded, and the holder is the one session that graph shows blocking
+    /// the probe. Needs the `PROCESS` privilege.
     ///
     /// # Errors
     ///
@@ -93,10 +95,19 @@ impl MysqlBackend {
                 // MariaDB refreshes its lock tables only after 100 ms
                 // without a read: a quicker read sees an old snapshot.
                 tokio::time::sleep(Duration::from_millis(150)).await;
-                let recorded = self.recorded_holder(name).await?;
                 let blockers = self.blockers_of(probe_id).await?;
-                if let Some(id) = recorded.filter(|id| blockers.contains(id)) {
-                    return Ok(Some(id));
+                let found = if sh.cfg.fencing {
+                    let recorded = self.recorded_holder(name).await?;
+                    recorded.filter(|id| blockers.contains(id))
+                } else {
+                    // Nothing recorded: the one session blocking the probe.
+                    match blockers[..] {
+                        [id] => Some(id),
+                        _ => None,
+                    }
+                };
+                if found.is_some() {
+                    return Ok(found);
                 }
                 if Instant::now() >= deadline {
                     // Held, but not by the recorded session (a new holder

@@ -30,7 +30,8 @@
 //! or closed connection frees the row at once (`KILL <id>` is how an
 //! operator ends a lock: see [`MysqlBackend::kill_holder`]).
 //!
-//! **Fencing (strict, also when a holder dies).** While holding the row
+//! **Fencing (strict, also when a holder dies; `?fencing=none` turns it
+//! off).** While holding the row
 //! lock, the acquirer runs `INSERT ... ON DUPLICATE KEY UPDATE fence =
 //! LAST_INSERT_ID(fence + 1)` on the fence row, on *another* connection, in
 //! autocommit: the increment is committed on its own and never rolls back

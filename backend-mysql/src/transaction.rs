@@ -40,21 +40,22 @@ impl MysqlBackend {
     }
 
     /// Locks the row of `name` on `h`'s transaction within `deadline`
-    /// (creating the row on first use); false when the deadline passed.
+    /// (creating the row on first use): when the locking read that got it
+    /// was sent, `None` when the deadline passed.
     pub(crate) async fn wait_for_row(
         &self,
         h: &mut Holding,
         name: &str,
         deadline: Deadline,
         first_wait: u64,
-    ) -> Result<bool> {
+    ) -> Result<Option<Instant>> {
         let mut wait_set = first_wait;
         let mut created = false;
         loop {
             if let Deadline::At(t) = deadline {
                 let left = t.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Ok(false);
+                    return Ok(None);
                 }
                 let want = left.as_secs().max(1);
                 if want != wait_set {
@@ -67,8 +68,9 @@ impl MysqlBackend {
                     wait_set = want;
                 }
             }
+            let sent = Instant::now();
             match self.lock_row(h, name, deadline).await? {
-                Some(true) => return Ok(true),
+                Some(true) => return Ok(Some(sent)),
                 Some(false) if !created => {
                     self.create_row(h, name).await?;
                     created = true;
@@ -82,7 +84,7 @@ impl MysqlBackend {
                         ),
                     ))
                 }
-                None if matches!(deadline, Deadline::Now) => return Ok(false),
+                None if matches!(deadline, Deadline::Now) => return Ok(None),
                 None => {} // the lock wait ran out: go on waiting
             }
         }
@@ -272,23 +274,30 @@ impl MysqlBackend {
 
     /// Advances the name's fencing counter in its own autocommit statement on
     /// another connection, recording the holder's connection id and owner.
+    /// An idle connection that died (a server restart) fails at once and the
+    /// statement is sent again on another: at worst the counter skips a
+    /// value, and tokens still rise.
     pub(crate) async fn next_fence(&self, name: &str, conn_id: u64, owner: String) -> Result<u64> {
         let sh = &self.shared;
-        let fut = sqlx::query(AssertSqlSafe(sh.sql.fence.clone()))
-            .bind(name.as_bytes())
-            .bind(conn_id)
-            .bind(owner)
-            .execute(&sh.aux);
-        let done = tokio::time::timeout(sh.cfg.request_timeout, fut)
-            .await
-            .map_err(|_| {
-                timed_out(
-                    "advancing the fencing counter",
-                    &sh.server,
-                    sh.cfg.request_timeout,
-                )
-            })?
-            .map_err(|e| map_err(e, "advancing the fencing counter", &sh.server))?;
+        let what = "advancing the fencing counter";
+        let give_up = Instant::now() + sh.cfg.request_timeout;
+        let mut tries = sh.cfg.aux_pool_size + 1;
+        let done = loop {
+            let fut = sqlx::query(AssertSqlSafe(sh.sql.fence.clone()))
+                .bind(name.as_bytes())
+                .bind(conn_id)
+                .bind(owner.as_str())
+                .execute(&sh.aux);
+            let left = give_up.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, fut).await {
+                Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
+                Ok(Err(sqlx::Error::Io(e))) if tries > 1 => {
+                    tries -= 1;
+                    tracing::debug!(error = %e, "a pooled connection was dead; sending again");
+                }
+                Ok(res) => break res.map_err(|e| map_err(e, what, &sh.server))?,
+            }
+        };
         match done.last_insert_id() {
             0 => Err(Error::backend_error(
                 NAME,

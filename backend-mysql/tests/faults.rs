@@ -1,6 +1,7 @@
 //! MySQL-specific cases (server from compose/): a holder's connection killed
-//! on the server (and only the holder's), byte-exact names, a busy pool, a
-//! dropped guard, and a stalled holder timed out by the server.
+//! on the server (and only the holder's), byte-exact names, `fencing=none`,
+//! a busy pool, a dropped guard, and a stalled holder timed out by the
+//! server.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -448,6 +449,68 @@ async fn soak(ctx: Ctx, server: &'static str) {
     assert!(report.leases > 0, "the soak granted nothing");
 }
 
+/// The server's count of rows written (inserted or updated) by InnoDB.
+async fn rows_written(c: &mut sqlx::MySqlConnection) -> u64 {
+    let mut n = 0;
+    for row in sqlx::query(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_rows_inserted', 'Innodb_rows_updated')",
+    )
+    .fetch_all(&mut *c)
+    .await
+    .expect("status")
+    {
+        let v: String = row.try_get(1).expect("value");
+        n += v.parse::<u64>().expect("a count");
+    }
+    n
+}
+
+/// `fencing=none`: no tokens, the capability says so, lock cycles write no
+/// row on the server (the fencing counter is skipped), and the holder is
+/// still found (and killed) through the server's lock-wait graph.
+async fn fencing_none_writes_nothing(ctx: Ctx) {
+    let l = lockcore_mysql::connect(&with_opts(&ctx, "fencing=none"))
+        .await
+        .expect("connect");
+    assert_eq!(l.capabilities().fencing, lockcore::Fencing::None);
+    let name = ctx.name("nofence");
+    // The row is created on first use: a write, before counting.
+    l.lock(&name).await.unwrap().release().await.unwrap();
+    let mut c = admin(&ctx).await;
+    let before = rows_written(&mut c).await;
+    for _ in 0..20 {
+        let g = l.lock(&name).await.unwrap();
+        assert_eq!(g.fence(), None);
+        g.release().await.unwrap();
+    }
+    let written = rows_written(&mut c).await - before;
+    assert_eq!(written, 0, "rows written by 20 lock cycles without fencing");
+    let fenced = sqlx::query("SELECT COUNT(*) FROM lockcore_locks_fence WHERE name = ?")
+        .bind(name.as_bytes())
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+        .get::<i64, _>(0);
+    assert_eq!(fenced, 0, "no fencing counter row");
+
+    let g = l.lock(&name).await.unwrap();
+    let b = MysqlBackend::connect(MysqlConfig::parse(&with_opts(&ctx, "fencing=none")).unwrap())
+        .await
+        .unwrap();
+    assert!(b.holder_connection(&name).await.unwrap().is_some());
+    assert!(b.kill_holder(&name).await.unwrap(), "the holder was found");
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("lost fires after the kill");
+    let other = lockcore_mysql::connect(&ctx.config).await.unwrap();
+    let g2 = other
+        .try_lock(&name)
+        .await
+        .unwrap()
+        .expect("free on the server");
+    g2.release().await.unwrap();
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("mysql-soak")
@@ -472,6 +535,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("names_are_byte_exact", |ctx| {
             Box::pin(names_are_byte_exact(ctx))
+        })
+        .case("fencing_none_writes_nothing", |ctx| {
+            Box::pin(fencing_none_writes_nothing(ctx))
         })
         .case("busy_pool_opens_its_own_connections", |ctx| {
             Box::pin(busy_pool_opens_its_own_connections(ctx))

@@ -76,7 +76,18 @@ impl Harness for Mysql {
 
 /// The MySQL target over `LOCKTEST_MYSQL_URL`, called `name`.
 pub(crate) fn target(name: &str) -> Target {
-    Target::new(name, Some("LOCKTEST_MYSQL_URL"), |url| async move {
+    target_with(name, "")
+}
+
+/// The MySQL target over `LOCKTEST_MYSQL_URL` with the URL options `extra`
+/// (`k=v&...`) added, called `name`.
+pub(crate) fn target_with(name: &str, extra: &'static str) -> Target {
+    Target::new(name, Some("LOCKTEST_MYSQL_URL"), move |url| async move {
+        let url = match (extra, url.contains('?')) {
+            ("", _) => url,
+            (_, true) => format!("{url}&{extra}"),
+            (_, false) => format!("{url}?{extra}"),
+        };
         let admin = MysqlBackend::connect(MysqlConfig::parse(&url)?).await?;
         let sep = if url.contains('?') { '&' } else { '?' };
         let admin_url =

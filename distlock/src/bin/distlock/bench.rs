@@ -5,6 +5,7 @@ use std::time::Duration;
 use distlock::Locker;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockcore::bench as workload;
+use lockcore::LeaseKind;
 use serde_json::json;
 
 use crate::exit;
@@ -21,9 +22,11 @@ pub(crate) struct Args {
     /// Clients (each with its own connection) contending for one name.
     #[arg(long, default_value_t = 8)]
     contenders: usize,
-    /// Names held at once with renewal, for the memory and CPU figure.
-    #[arg(long, default_value_t = 1000)]
-    held: usize,
+    /// Names held at once with renewal, for the memory and CPU figure
+    /// [default: 1000, or 100 where each held lock keeps a connection of
+    /// its own (MySQL), to stay within the server's connection limit].
+    #[arg(long)]
+    held: Option<usize>,
     /// ttl of the held leases (renewed every ttl/3).
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     held_ttl: Duration,
@@ -34,6 +37,12 @@ pub(crate) struct Args {
     #[arg(long)]
     label: Option<String>,
 }
+
+/// Leases held for the memory and CPU figure, by default.
+const HELD: usize = 1000;
+/// The same where each held lock keeps a server connection: MariaDB's and
+/// MySQL's default `max_connections` is 151.
+const HELD_ON_CONNECTIONS: usize = 100;
 
 fn bar(phase: &str, run: Duration) -> ProgressBar {
     let pb = ProgressBar::new(u64::try_from(run.as_millis()).unwrap_or(u64::MAX));
@@ -84,8 +93,12 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
     pb.finish_and_clear();
     let handoffs_per_s = lat.len() as f64 / run.as_secs_f64();
 
-    let pb = bar(&format!("{} leases held", args.held), run);
-    let held = workload::hold_many(&locker, &ns, args.held, args.held_ttl, run).await?;
+    let held_n = args.held.unwrap_or(match locker.capabilities().lease {
+        LeaseKind::Connection => HELD_ON_CONNECTIONS,
+        _ => HELD,
+    });
+    let pb = bar(&format!("{held_n} leases held"), run);
+    let held = workload::hold_many(&locker, &ns, held_n, args.held_ttl, run).await?;
     pb.finish_and_clear();
 
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
