@@ -11,11 +11,17 @@
 //! 3. Contended hand-off latency (release sent → next holder acquired) with
 //!    8 clients on one name: p50 / p99 / max.
 //! 4. RedLock over five masters, one task, pairs/s.
+//!
+//! Beside each, the peer in the same run on the same servers: rslock
+//! (`LockManager::lock` + `unlock`) uncontended, in the forced hand-off
+//! (its default retries: 3, with a random delay below 200 ms), and as
+//! RedLock over the same five masters.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::process::Command;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use lockcore::bench as workload;
 
@@ -76,6 +82,78 @@ fn ceiling(port: &str, clients: u32) -> f64 {
     1.0 / (1.0 / acq + 1.0 / rel)
 }
 
+/// rslock acquire+release pairs/s on one name, one task.
+async fn rslock_pairs(lm: &rslock::LockManager, name: &str, run: Duration) -> f64 {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < run {
+        let l = lm
+            .lock(name, Duration::from_secs(30))
+            .await
+            .expect("rslock lock");
+        lm.unlock(&l).await;
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// rslock's forced hand-off, as `lockcore::bench::handoffs` does it: one
+/// manager per client, a client that released waits for the next holder.
+async fn rslock_handoffs(
+    urls: Vec<String>,
+    clients: usize,
+    name: &str,
+    run: Duration,
+) -> Vec<Duration> {
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let turn = Arc::new(tokio::sync::watch::channel(0u64).0);
+    let until = Instant::now() + run;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let lm = rslock::LockManager::new(urls.clone());
+        let (name, released_at, samples, turn) = (
+            name.to_owned(),
+            released_at.clone(),
+            samples.clone(),
+            turn.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut seen = turn.subscribe();
+            while Instant::now() < until {
+                let Ok(l) = lm.lock(name.as_str(), Duration::from_secs(30)).await else {
+                    continue; // its retries ran out: try again, as its acquire() does
+                };
+                let now = Instant::now();
+                if let Some(r) = released_at.lock().unwrap().take() {
+                    samples.lock().unwrap().push(now - r);
+                }
+                turn.send_modify(|n| *n += 1);
+                seen.mark_unchanged();
+                *released_at.lock().unwrap() = Some(Instant::now());
+                lm.unlock(&l).await;
+                let _ = tokio::time::timeout(Duration::from_millis(200), seen.changed()).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut v = samples.lock().unwrap().clone();
+    v.sort();
+    v
+}
+
+/// The `redis://host:port` of each master a lockcore Redis URL names.
+fn masters(url: &str) -> Vec<String> {
+    lockcore::address::ServerUrl::parse(url, 6379)
+        .expect("a redis URL")
+        .hosts
+        .iter()
+        .map(|h| format!("redis://{h}"))
+        .collect()
+}
+
 fn main() {
     let url =
         std::env::var("LOCKTEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into());
@@ -99,10 +177,21 @@ fn main() {
             clients.push(lockcore_redis::connect(&url).await.unwrap());
         }
         let lat = workload::handoffs(clients, &format!("{ns}/handoff"), RUN).await.unwrap();
+        let peer = rslock::LockManager::new(masters(&url));
+        let peer1 = rslock_pairs(&peer, &format!("{ns}/rslock/one"), RUN).await;
+        let peer_lat = rslock_handoffs(masters(&url), 8, &format!("{ns}/rslock/handoff"), RUN).await;
+        // RedLock: ours and rslock's in alternating halves, so that drift
+        // in the servers weighs on both alike.
         let red = match std::env::var("LOCKTEST_REDLOCK_URL") {
             Ok(url) => {
                 let rl = lockcore_redis::connect(&url).await.unwrap();
-                Some(workload::uncontended(&rl, &ns, 1, RUN).await.unwrap())
+                let peer = rslock::LockManager::new(masters(&url));
+                let (mut ours, mut theirs) = (0.0, 0.0);
+                for _ in 0..2 {
+                    ours += workload::uncontended(&rl, &ns, 1, RUN / 2).await.unwrap() / 2.0;
+                    theirs += rslock_pairs(&peer, &format!("{ns}/rslock/redlock"), RUN / 2).await / 2.0;
+                }
+                Some((ours, theirs))
             }
             Err(_) => None,
         };
@@ -118,8 +207,21 @@ fn main() {
             ms(workload::percentile(&lat, 0.99)),
             ms(workload::percentile(&lat, 1.0)),
         );
-        if let Some(r) = red {
-            println!("| RedLock over 5, 1 task, pairs/s | {r:.0} | | |");
+        println!();
+        println!("| figure, same servers, same run | lockcore-redis | rslock 0.10 | ratio |");
+        println!("|---|---|---|---|");
+        println!("| 1 task, acquire+release pairs/s | {ours1:.0} | {peer1:.0} | {:.2} |", ours1 / peer1);
+        let rate = |l: &[Duration]| l.len() as f64 / RUN.as_secs_f64();
+        println!(
+            "| forced hand-off, 8 clients: hand-offs/s, p99 | {:.0}/s, {:.3} ms | {:.0}/s, {:.3} ms | {:.1} |",
+            rate(&lat),
+            ms(workload::percentile(&lat, 0.99)),
+            rate(&peer_lat),
+            ms(workload::percentile(&peer_lat, 0.99)),
+            rate(&lat) / rate(&peer_lat).max(1e-9),
+        );
+        if let Some((r, p)) = red {
+            println!("| RedLock over 5, 1 task, pairs/s | {r:.0} | {p:.0} | {:.2} |", r / p);
         }
     });
 }
