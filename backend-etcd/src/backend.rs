@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,27 @@ impl EtcdCounters {
             predecessor_events: self.predecessor_events.load(Ordering::Relaxed),
             compacted_watches: self.compacted_watches.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl Drop for Inner {
+    /// Revokes the spare leases in the background: nothing is attached to
+    /// them, and no acquisition of this backend can take them any more.
+    fn drop(&mut self) {
+        let spares = self.spares.drain();
+        if spares.is_empty() {
+            return;
+        }
+        let (client, limit) = (self.client.clone(), self.request_timeout);
+        spawn_cleanup(
+            "revoke the spare leases of a dropped etcd backend",
+            async move {
+                let mut lc = client.lease_client();
+                for id in spares {
+                    let _ = tokio::time::timeout(limit, lc.revoke(id)).await;
+                }
+            },
+        );
     }
 }
 
@@ -318,9 +339,16 @@ impl EtcdBackend {
                         cleanup.run_now().await;
                         return Ok(Err(Retry::SpareEnded));
                     }
-                    // Fresh, or not renewed: it lives as long as it was
-                    // known to.
-                    None | Some(Err(_)) => spare.valid_until,
+                    // Fresh: it lives as long as it was known to, nearly
+                    // its whole ttl.
+                    None => spare.valid_until,
+                    // Not renewed: a waiting key could outlive it; start
+                    // again with a new lease.
+                    Some(Err(e)) => {
+                        tracing::debug!(backend = NAME, error = %e, "renewing a spare lease failed");
+                        cleanup.run_now().await;
+                        return Ok(Err(Retry::SpareEnded));
+                    }
                 };
                 (valid, created)
             }
@@ -360,6 +388,7 @@ impl EtcdBackend {
                 rev: my_rev,
                 ttl,
                 valid_until: Mutex::new(valid_until),
+                finished: AtomicBool::new(false),
             }),
             fence: Some(fence),
             valid_until,

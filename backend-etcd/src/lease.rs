@@ -3,6 +3,7 @@
 //! that leaves the lease spare for the next acquisition.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,9 @@ pub(crate) struct EtcdLease {
     pub(crate) ttl: Duration,
     /// Until when the lease is surely alive, as the last renewal showed.
     pub(crate) valid_until: Mutex<Instant>,
+    /// Set by the first release: the lease may serve another lock since,
+    /// so this handle neither renews nor releases (nor revokes) it again.
+    pub(crate) finished: AtomicBool,
 }
 
 impl fmt::Debug for EtcdLease {
@@ -96,6 +100,9 @@ impl BackendLease for EtcdLease {
                     self.ttl
                 ),
             ));
+        }
+        if self.finished.load(Ordering::Acquire) {
+            return Ok(Renewal::Lost);
         }
         let b = &self.backend;
         let limit = b.op_timeout(self.ttl);
@@ -135,6 +142,10 @@ impl BackendLease for EtcdLease {
     /// A dropped release may or may not have deleted the key; the lease then
     /// ends by its ttl as if the holder had died, and is never reused.
     async fn release(&self) -> Result<Released> {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            // Released before: the lease may be another lock's by now.
+            return Ok(Released::NotHeld);
+        }
         let b = &self.backend;
         let limit = b.op_timeout(self.ttl);
         let txn = Txn::new()

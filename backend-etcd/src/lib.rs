@@ -41,10 +41,15 @@
 //! `concurrency.Mutex` on a session, instead of four (grant, put, delete,
 //! revoke); keepalives are not durable writes. A spare lease is not kept
 //! alive: one not taken while it has a request's time left ends by its ttl
-//! on the server, with no key. Abandoned and lost leases, and those of a
-//! release that failed or was dropped, are never reused (they are revoked or
-//! left to run out); at most 64 spare leases are kept per ttl. A `try` that
-//! finds the name held, and a waiter that gives up, revoke their lease.
+//! on the server, with no key, and the spares left when the backend is
+//! dropped are revoked. A lease is reused only after a release that deleted
+//! its key, and only while its last successful renewal vouches for it; an
+//! abandoned lease, one whose key is gone (lost), one whose release failed
+//! or was dropped, and a second release through the same handle never give
+//! a lease to another lock. At most 64 spare leases are kept per ttl. A
+//! `try` that finds the name held, and a waiter that gives up, revoke their
+//! lease. A spare lease whose renewal fails beside the put is revoked, and
+//! the acquisition starts again on a new one.
 //!
 //! A lease per lock rather than one per handle: lockcore's ttl is chosen per
 //! acquisition, locks without renewal must end after their own ttl, two

@@ -8,7 +8,8 @@
 //! alive while spare: it is taken only while its last known validity has at
 //! least one request's time left, and the acquisition that takes it renews
 //! it beside the key's put. A spare lease that is never taken ends by its
-//! ttl on the server, attached to nothing. Abandoned and lost leases, and
+//! ttl on the server, attached to nothing; the spares left when the backend
+//! is dropped are revoked in the background. Abandoned and lost leases, and
 //! those of a release that failed or was dropped, never enter.
 
 use std::collections::HashMap;
@@ -51,13 +52,21 @@ impl SpareLeases {
     /// Keeps `spare` for the next acquisition with `ttl_secs`; `false` when
     /// there are enough already (the caller revokes it).
     pub(crate) fn put(&self, ttl_secs: u64, spare: Spare) -> bool {
+        let now = Instant::now();
         let mut by_ttl = lock(&self.by_ttl);
         let spares = by_ttl.entry(ttl_secs).or_default();
+        spares.retain(|s| s.valid_until > now);
         if spares.len() >= PER_TTL {
             return false;
         }
         spares.push(spare);
         true
+    }
+
+    /// Takes every spare lease (to revoke them when the backend goes).
+    pub(crate) fn drain(&self) -> Vec<i64> {
+        let mut by_ttl = lock(&self.by_ttl);
+        by_ttl.drain().flat_map(|(_, v)| v).map(|s| s.id).collect()
     }
 }
 

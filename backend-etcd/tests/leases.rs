@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, GetOptions};
 use lockcore::{LockOptions, Wait};
 use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
-use lockcore_etcd::{lock_range, DEFAULT_PREFIX};
+use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn connect(url: String) -> ConnectFuture {
@@ -201,6 +201,66 @@ async fn abandoned_and_lost_leases_are_not_reused(ctx: Ctx) {
     g.release().await.unwrap();
 }
 
+/// A lease released twice through one handle (as a lost relay and then the
+/// user's release can do) is not revoked by the second release, when
+/// another lock already holds it again.
+async fn a_second_release_leaves_a_reused_lease_alone(ctx: Ctx) {
+    use lockcore::backend::{AcquireRequest, Backend, Deadline, OwnerToken, Released, Renewal};
+    let b = EtcdBackend::connect(EtcdConfig::parse(&ctx.config).expect("config"))
+        .await
+        .expect("connect");
+    let mut c = raw(&ctx).await;
+    let (a, n) = (ctx.name("twice-a"), ctx.name("twice-b"));
+    let lost = lockcore::backend::prelude::CancellationToken::new();
+    let req = |name: &'static str| AcquireRequest {
+        name,
+        owner: OwnerToken::random(),
+        ttl: Duration::from_secs(5),
+        deadline: Deadline::Now,
+        lost: &lost,
+    };
+    let (a, n): (&'static str, &'static str) = (a.leak(), n.leak());
+    let g1 = b.acquire(req(a)).await.unwrap().expect("a");
+    assert_eq!(g1.lease.release().await.unwrap(), Released::Released);
+    let g2 = b.acquire(req(n)).await.unwrap().expect("b");
+    let lease = holder_lease(&mut c, n).await.expect("b's key");
+    assert_eq!(g1.lease.release().await.unwrap(), Released::NotHeld);
+    assert!(
+        matches!(
+            g2.lease.renew(Duration::from_secs(5)).await,
+            Ok(Renewal::Renewed { .. })
+        ),
+        "the other lock's lease was revoked"
+    );
+    assert_eq!(
+        holder_lease(&mut c, n).await,
+        Some(lease),
+        "b's key is gone"
+    );
+    g2.lease.release().await.unwrap();
+}
+
+/// The spare leases of a backend are revoked when it is dropped.
+async fn spares_are_revoked_with_the_backend(ctx: Ctx) {
+    let mut c = raw(&ctx).await;
+    let name = ctx.name("dropped");
+    let l = ctx.harness.connect().await.expect("connect");
+    let g = l.acquire(&name, &opts(9)).await.unwrap().unwrap();
+    let id = holder_lease(&mut c, &name).await.expect("key");
+    g.release().await.unwrap();
+    assert!(
+        c.lease_time_to_live(id, None).await.unwrap().ttl() > 0,
+        "spare"
+    );
+    drop(l);
+    lockcore::cleanup::flush(Duration::from_secs(5)).await;
+    let left = c.lease_time_to_live(id, None).await.unwrap().ttl();
+    assert!(
+        left <= 0,
+        "the spare lease outlived its backend ({left} s left)"
+    );
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![Target::new(
@@ -221,5 +281,11 @@ fn main() -> std::process::ExitCode {
     })
     .case("abandoned_and_lost_leases_are_not_reused", |ctx| {
         Box::pin(abandoned_and_lost_leases_are_not_reused(ctx))
+    })
+    .case("a_second_release_leaves_a_reused_lease_alone", |ctx| {
+        Box::pin(a_second_release_leaves_a_reused_lease_alone(ctx))
+    })
+    .case("spares_are_revoked_with_the_backend", |ctx| {
+        Box::pin(spares_are_revoked_with_the_backend(ctx))
     })])
 }

@@ -48,7 +48,7 @@
 //! opened for it and closed after it. So waiters never take the connections
 //! a `try` or a second lock needs, and how many locks can be held or awaited
 //! at once is bounded by the server's `max_connections`, not by the pool. A
-//! few more connections (`aux_pool_size`, 4) run the short autocommit
+//! few more connections (`aux_pool_size`, 8) run the short autocommit
 //! statements.
 //!
 //! **Cancel safety.** The transaction is never a sqlx `Transaction` (whose

@@ -81,7 +81,9 @@ fn main() {
         let run = format!("{:08x}", rand_suffix());
         let l = locker(&hosts).await;
         let raw = zk::Client::connect(&hosts).await.expect("raw");
-        let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+        // Persistent, not a container: the server deletes an empty
+        // container (every second in compose/) between two raw cycles.
+        let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         let raw_parent = format!("{BASE}/raw-{run}");
         raw.mkdir(&raw_parent, &dir).await.expect("raw parent");
 
@@ -119,6 +121,7 @@ fn main() {
             workload::percentile(&r, 0.99),
             r.len()
         );
+        let _ = raw.delete(&raw_parent, None).await;
     });
 }
 
