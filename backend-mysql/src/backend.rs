@@ -244,9 +244,16 @@ impl Backend for MysqlBackend {
             let sent = Instant::now();
             self.prove_alive(&mut h).await?;
             (Some(fence), sent)
-        } else {
-            // The session's idle clock started with the locking read.
+        } else if locked_at.elapsed() <= req.ttl / 10 {
+            // The session's idle clock started with the locking read, which
+            // was quick: count the validity from its sending.
             (None, locked_at)
+        } else {
+            // It waited: one round trip so that the validity counts from
+            // now, not from when the wait began.
+            let sent = Instant::now();
+            self.prove_alive(&mut h).await?;
+            (None, sent)
         };
         tracing::debug!(name = req.name, ?fence, conn_id, "row lock taken");
         Ok(Some(Grant {

@@ -511,6 +511,40 @@ async fn fencing_none_writes_nothing(ctx: Ctx) {
     g2.release().await.unwrap();
 }
 
+/// `fencing=none`: a lock granted after a long wait is valid for its ttl
+/// from the grant, not from when the wait began.
+async fn fencing_none_validity_after_a_long_wait(ctx: Ctx) {
+    let url = with_opts(&ctx, "fencing=none");
+    let (a, b) = (
+        lockcore_mysql::connect(&url).await.unwrap(),
+        lockcore_mysql::connect(&url).await.unwrap(),
+    );
+    let name = ctx.name("nofence-wait");
+    let ttl = Duration::from_secs(3);
+    let g = a
+        .acquire(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap()
+        .unwrap();
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .wait(Wait::For(Duration::from_secs(20)));
+    let waiter = tokio::spawn(async move { b.acquire(&name, &opts).await });
+    // The waiter is inside the server's lock wait by now.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    g.release().await.unwrap();
+    let got = waiter.await.unwrap().unwrap().expect("granted");
+    let left = got
+        .valid_until()
+        .expect("a deadline")
+        .saturating_duration_since(Instant::now());
+    assert!(
+        left > ttl / 2,
+        "granted with {left:?} of validity left of a {ttl:?} ttl"
+    );
+    got.release().await.unwrap();
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("mysql-soak")
@@ -538,6 +572,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("fencing_none_writes_nothing", |ctx| {
             Box::pin(fencing_none_writes_nothing(ctx))
+        })
+        .case("fencing_none_validity_after_a_long_wait", |ctx| {
+            Box::pin(fencing_none_validity_after_a_long_wait(ctx))
         })
         .case("busy_pool_opens_its_own_connections", |ctx| {
             Box::pin(busy_pool_opens_its_own_connections(ctx))
