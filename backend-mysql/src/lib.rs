@@ -42,6 +42,23 @@
 //! incremented: B's token is larger. A counter that only goes up through
 //! committed statements cannot go backwards (rows are never deleted).
 //!
+//! **Round trips.** With fencing, an uncontended acquisition is four round
+//! trips: the transaction's start (`SET SESSION ...; START TRANSACTION;
+//! SELECT CONNECTION_ID()`, one multi-statement request), the locking read,
+//! the counter's increment (the one durable commit), and the `SELECT 1`
+//! that proves the transaction outlived it. A release is one (`ROLLBACK`).
+//! `?fencing=none` (tokens `None`, exclusion only) skips the increment and
+//! the proof: two round trips to acquire (three after a lock wait longer
+//! than a tenth of the ttl, whose `SELECT 1` restarts the validity) and no
+//! durable commit at all (the row's first use excepted, which inserts it).
+//! sqlx's pool pings a connection it takes back after a use; the pools
+//! here ping one before use only after it was idle for a second.
+//!
+//! **A held lock holds a connection** (see
+//! [`LeaseKind::Connection`](lockcore::LeaseKind::Connection)), and so does a
+//! waiting one: how many a client can hold at once is bounded by the
+//! server's `max_connections` (151 by default), not by `pool_size`.
+//!
 //! **Connections.** Every waiting or held lock has a connection of its own
 //! (the server's lock wait and the open transaction live on it): an idle
 //! one of a pool of `pool_size` (32 by default) when there is one, else one
