@@ -266,6 +266,77 @@ async fn exit_codes_and_environment(ctx: Ctx) {
     assert_eq!(st.code(), Some(64));
 }
 
+/// `run --permits 2`: two commands run at once, a third finds every permit
+/// held (75, nothing run), and a freed permit lets it run.
+async fn permits_bound_the_copies(ctx: Ctx) {
+    let name = ctx.name("permits");
+    let gate = scratch(&ctx, "gate");
+    let (started, ran) = (scratch(&ctx, "started"), scratch(&ctx, "ran"));
+    // Each copy marks that it started, then waits for the gate file.
+    let hold = format!(
+        "echo $$ >> {s}; while [ ! -e {g} ]; do sleep 0.05; done",
+        s = started.display(),
+        g = gate.display()
+    );
+    let mut copies = Vec::new();
+    for _ in 0..2 {
+        let mut c = distlock(&ctx);
+        c.args(["run", "--permits", "2", &name, "--", "sh", "-c", &hold]);
+        copies.push(c.spawn().unwrap());
+    }
+    let t = Instant::now();
+    while std::fs::read_to_string(&started)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 2
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "two copies never ran at once"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let touch = format!("touch {}", ran.display());
+    let st = distlock(&ctx)
+        .args([
+            "run",
+            "--permits",
+            "2",
+            "--no-wait",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(st.code(), Some(75), "a third copy with two permits held");
+    assert!(!ran.exists(), "the third copy ran");
+    std::fs::write(&gate, b"").unwrap();
+    for mut c in copies {
+        assert!(c.wait().await.unwrap().success());
+    }
+    let st = distlock(&ctx)
+        .args([
+            "run",
+            "--permits",
+            "2",
+            "--no-wait",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ])
+        .status()
+        .await
+        .unwrap();
+    assert!(st.success() && ran.exists(), "a freed permit");
+}
+
 /// SIGTERM to distlock reaches the command; distlock exits with the
 /// command's status and the lock is free right after.
 async fn signals_pass_through(ctx: Ctx) {
@@ -572,6 +643,9 @@ fn main() -> std::process::ExitCode {
             .case("run_never_overlaps", |c| Box::pin(run_never_overlaps(c)))
             .case("exit_codes_and_environment", |c| {
                 Box::pin(exit_codes_and_environment(c))
+            })
+            .case("permits_bound_the_copies", |c| {
+                Box::pin(permits_bound_the_copies(c))
             })
             .case("signals_pass_through", |c| {
                 Box::pin(signals_pass_through(c))

@@ -1,6 +1,7 @@
 //! The cases of the contract, one public async function each, grouped by the
 //! contract's sections: [`acquire`], [`hold`], [`release`], [`fencing`],
-//! [`names`], [`cancel`], [`unavailable`] and [`history`].
+//! [`names`], [`cancel`], [`unavailable`] and [`history`]; and the
+//! primitives built on the lock: [`semaphore`].
 //!
 //! Time bounds are for a loaded 2-core machine: they tell a wake-up from a
 //! poll or a lost wake-up, not fast from slow (speed is for benchmarks).
@@ -30,6 +31,7 @@ pub mod history;
 pub mod hold;
 pub mod names;
 pub mod release;
+pub mod semaphore;
 pub mod unavailable;
 
 /// A case's body.
@@ -112,6 +114,10 @@ pub fn cases() -> Vec<Case> {
             .then_some("an in-process backend has no server to be absent")),
         case!(unavailable::server_stops_answering, unless_proxy),
         case!(history::history_of_a_contended_run_is_safe),
+        case!(semaphore::semaphore_never_more_than_n),
+        case!(semaphore::semaphore_full_on_the_server),
+        case!(semaphore::semaphore_release_wakes_a_waiter),
+        case!(semaphore::semaphore_dropped_waits_leave_nothing),
     ]
 }
 

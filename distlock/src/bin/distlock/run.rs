@@ -15,7 +15,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use distlock::{ErrorKind, LockGuard, LockOptions, Locker, Wait};
+use distlock::{ErrorKind, LockGuard, LockOptions, Locker, Permit, Semaphore, Wait};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{getpgrp, tcgetpgrp, Pid};
 use tokio::io::AsyncWriteExt;
@@ -57,6 +57,10 @@ pub(crate) struct Args {
     /// Exit code when the lease was lost while the command ran.
     #[arg(long, default_value_t = exit::LOST)]
     lost_exit_code: u8,
+    /// Take one of N permits of a semaphore on NAME instead of the lock: at
+    /// most N copies run at once (like `consul lock -n N`).
+    #[arg(long, value_name = "N")]
+    permits: Option<u32>,
     /// The lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -112,8 +116,17 @@ async fn run_inner(locker: Locker, args: &Args) -> u8 {
         (false, None) => Wait::Forever,
     };
     let opts = LockOptions::new().ttl(args.ttl).wait(wait);
+    let take = async {
+        match args.permits {
+            None => locker.acquire(&args.name, &opts).await,
+            Some(n) => {
+                let sem = Semaphore::new(&locker, &args.name, n)?;
+                Ok(sem.acquire(&opts).await?.map(Permit::into_guard))
+            }
+        }
+    };
     let acquired = tokio::select! {
-        r = locker.acquire(&args.name, &opts) => r,
+        r = take => r,
         sig = signals.recv() => {
             // Dropping the acquisition undoes it (flushed before exit).
             eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name);
@@ -123,10 +136,16 @@ async fn run_inner(locker: Locker, args: &Args) -> u8 {
     let guard = match acquired {
         Ok(Some(g)) => g,
         Ok(None) => {
-            eprintln!(
-                "distlock: {:?} is held by another owner; not running the command",
-                args.name
-            );
+            match args.permits {
+                None => eprintln!(
+                    "distlock: {:?} is held by another owner; not running the command",
+                    args.name
+                ),
+                Some(n) => eprintln!(
+                    "distlock: all {n} permits of {:?} are held; not running the command",
+                    args.name
+                ),
+            }
             return args.conflict_exit_code;
         }
         Err(e) if e.kind() == ErrorKind::Timeout => {

@@ -1,0 +1,299 @@
+//! A counting semaphore on any backend: at most `permits` holders of a name
+//! at once, each permit a lease with the lock's watchdog, lost signal and
+//! fencing token.
+//!
+//! **Layout.** Permit `i` (from 0) of semaphore `S` is the lock named
+//! `S/permit-<i>` (four digits, `S/permit-0000`), taken by an owner of its
+//! own, on whichever backend the [`Locker`] talks to. So a permit has every
+//! promise of that backend's lock: its lease kind, its fencing (a permit's
+//! token is its slot lock's: it rises strictly across the holders of one
+//! slot, not across slots), cancel safety, and the server check of who holds
+//! it ([`Locker::inspect`] on the slot name).
+//!
+//! **Acquire.** One `try` on each slot, from a random one (so that clients
+//! spread over the slots); if all are held and the options allow waiting,
+//! one wait on every slot at once, and the first slot granted is the
+//! permit: the other waits are dropped, which the lock's cancel safety turns
+//! into nothing left on the server. A waiter therefore queues on each of the
+//! `permits` slots (a cost that grows with N; the backend's fairness holds
+//! per slot, not across the semaphore).
+//!
+//! **Reentrancy.** None: every acquisition is a new owner, so one task (or
+//! one [`Locker`]) can hold several permits of a semaphore, each counted.
+//!
+//! **Mismatched counts.** Clients that disagree on `permits` for one name
+//! share the slots they have in common: together they never hold more than
+//! the largest count. The count is not stored on the server, so a mismatch
+//! is not detected.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! use lockcore::{Locker, Semaphore};
+//!
+//! let locker = Locker::memory();
+//! let sem = Semaphore::new(&locker, "crawlers", 2)?;
+//! let a = sem.try_acquire().await?.expect("a permit is free");
+//! let b = sem.try_acquire().await?.expect("a second one too");
+//! assert!(sem.try_acquire().await?.is_none(), "no third while two are held");
+//! a.release().await?;
+//! let c = sem.try_acquire().await?.expect("free again");
+//! println!("permit {} with token {:?}", c.slot(), c.fence());
+//! b.release().await?;
+//! c.release().await?;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use rand::RngExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::name::{validate_name, MAX_NAME_BYTES};
+use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
+
+/// The most permits a semaphore may have.
+pub const MAX_PERMITS: u32 = 1000;
+
+/// The bytes a slot adds to the semaphore's name (`/permit-0000`).
+const SLOT_SUFFIX_BYTES: usize = "/permit-0000".len();
+
+/// A counting semaphore: at most `permits` [`Permit`]s of one name at once,
+/// across every process using the same backend (see the [module
+/// docs](self)).
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    locker: Locker,
+    name: String,
+    permits: u32,
+}
+
+impl Semaphore {
+    /// A semaphore of `permits` on `name`, through `locker`'s backend.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidConfig`] for a count outside 1 to
+    /// [`MAX_PERMITS`]; [`ErrorKind::InvalidName`] for a name the lock
+    /// would refuse, or too long to leave room for the slot suffix.
+    pub fn new(locker: &Locker, name: &str, permits: u32) -> Result<Self> {
+        let backend = locker.backend_name();
+        if !(1..=MAX_PERMITS).contains(&permits) {
+            return Err(Error::invalid_config(
+                backend,
+                format!("a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"),
+            ));
+        }
+        validate_name(backend, name)?;
+        if name.len() + SLOT_SUFFIX_BYTES > MAX_NAME_BYTES {
+            return Err(Error::new(
+                ErrorKind::InvalidName,
+                backend,
+                format!(
+                    "a semaphore name has at most {} bytes (its slots add {SLOT_SUFFIX_BYTES})",
+                    MAX_NAME_BYTES - SLOT_SUFFIX_BYTES
+                ),
+            )
+            .or_name(name));
+        }
+        Ok(Semaphore {
+            locker: locker.clone(),
+            name: name.to_owned(),
+            permits,
+        })
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many permits it has.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The lock name of slot `i`: what [`Locker::inspect`] asks about.
+    pub fn slot_name(&self, i: u32) -> String {
+        format!("{}/permit-{i:04}", self.name)
+    }
+
+    /// One attempt: a permit, or `None` when all are held.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locker::acquire`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`Locker::acquire`]: a dropped attempt leaves no
+    /// permit held or queued.
+    pub async fn try_acquire(&self) -> Result<Option<Permit>> {
+        self.acquire(&self.locker.defaults().wait(Wait::Try)).await
+    }
+
+    /// Waits up to `wait` for a permit.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`] when none came free in time; otherwise as
+    /// [`Locker::acquire`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`Locker::acquire`].
+    pub async fn acquire_timeout(&self, wait: Duration) -> Result<Permit> {
+        let opts = self.locker.defaults().wait(Wait::For(wait));
+        match self.acquire(&opts).await? {
+            Some(p) => Ok(p),
+            None => Err(Error::new(
+                ErrorKind::Timeout,
+                self.locker.backend_name(),
+                format!("no permit of {} came free within {wait:?}", self.permits),
+            )
+            .or_name(&self.name)),
+        }
+    }
+
+    /// A permit with `opts` (ttl, renewal, how long to wait): `None` only
+    /// for [`Wait::Try`] when all are held.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locker::acquire`]; a wait that ends with no permit is
+    /// [`ErrorKind::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: each slot's attempt is a [`Locker::acquire`], and a
+    /// dropped one leaves nothing held or queued on the server after at
+    /// most one cleanup round trip. Slots granted beside the one returned
+    /// are released at once.
+    pub async fn acquire(&self, opts: &LockOptions) -> Result<Option<Permit>> {
+        let began = Instant::now();
+        let try_opts = opts.wait(Wait::Try);
+        let start = start_slot(self.permits);
+        for k in 0..self.permits {
+            let i = (start + k) % self.permits;
+            // A clone is a new owner: permits are never reentrant.
+            if let Some(guard) = self
+                .locker
+                .clone()
+                .acquire(&self.slot_name(i), &try_opts)
+                .await?
+            {
+                return Ok(Some(Permit { guard, slot: i }));
+            }
+        }
+        if opts.get_wait() == Wait::Try {
+            return Ok(None);
+        }
+        let wait = match opts.get_wait() {
+            // The tries counted against the wait.
+            Wait::For(d) => Wait::For((began + d).saturating_duration_since(Instant::now())),
+            w => w,
+        };
+        let wait_opts = opts.wait(wait);
+        self.wait_any(&wait_opts).await
+    }
+
+    /// One wait on every slot at once; the first granted wins.
+    async fn wait_any(&self, opts: &LockOptions) -> Result<Option<Permit>> {
+        let mut waits: FuturesUnordered<_> = (0..self.permits)
+            .map(|i| {
+                let (locker, name) = (self.locker.clone(), self.slot_name(i));
+                let opts = *opts;
+                async move { (i, locker.acquire(&name, &opts).await) }
+            })
+            .collect();
+        let mut timed_out = None;
+        while let Some((i, res)) = waits.next().await {
+            match res {
+                Ok(Some(guard)) => {
+                    // Slots granted in the same turn are given back; the
+                    // rest are dropped, which leaves nothing queued.
+                    drop(waits);
+                    return Ok(Some(Permit { guard, slot: i }));
+                }
+                Ok(None) => {}
+                Err(e) if e.kind() == ErrorKind::Timeout => timed_out = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(timed_out.map(|e| e.or_name(&self.name)).unwrap_or_else(|| {
+            Error::new(
+                ErrorKind::Timeout,
+                self.locker.backend_name(),
+                format!("no permit of {} came free in time", self.permits),
+            )
+            .or_name(&self.name)
+        }))
+    }
+}
+
+/// A random first slot, so that clients spread over the slots.
+fn start_slot(permits: u32) -> u32 {
+    rand::rng().random_range(0..permits.max(1))
+}
+
+/// One held permit: a lease on one slot of the semaphore, with the lock
+/// guard's promises (renewal, lost signal, fencing token, release on drop).
+#[derive(Debug)]
+pub struct Permit {
+    guard: LockGuard,
+    slot: u32,
+}
+
+impl Permit {
+    /// The slot this permit holds (from 0).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot lock's fencing token: strictly rising across the holders of
+    /// this slot (not across slots), `None` where the backend has none.
+    pub fn fence(&self) -> Option<u64> {
+        self.guard.fence()
+    }
+
+    /// Whether the permit is still held (see [`LockGuard::is_held`]).
+    pub fn is_held(&self) -> bool {
+        self.guard.is_held()
+    }
+
+    /// Resolves when the permit's lease is lost (see [`LockGuard::lost`]).
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.guard.lost()
+    }
+
+    /// The lost signal as a token (see [`LockGuard::lost_token`]).
+    pub fn lost_token(&self) -> CancellationToken {
+        self.guard.lost_token()
+    }
+
+    /// The slot's lock guard.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// The slot's lock guard, to hold the permit as a lock.
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
+    /// Gives the permit back (see [`LockGuard::release`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::release`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LockGuard::release`]: a dropped release still releases in the
+    /// background.
+    pub async fn release(self) -> Result<()> {
+        self.guard.release().await
+    }
+}

@@ -1,0 +1,136 @@
+//! Semaphores ([`lockcore::Semaphore`]): never more than N permits held,
+//! full as the server sees it, a release wakes a waiter, and dropped waits
+//! leave nothing behind.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{ErrorKind, LockOptions, Semaphore, Wait};
+
+use super::{must_be_held, until_waiters, SLACK};
+use crate::Ctx;
+
+fn sem(l: &lockcore::Locker, name: &str, n: u32) -> Semaphore {
+    Semaphore::new(l, name, n).expect("semaphore")
+}
+
+/// Clients on their own connections take permits of a 3-permit semaphore in
+/// a loop: never more than 3 inside at once, and every round completes.
+pub async fn semaphore_never_more_than_n(ctx: Ctx) {
+    const N: u32 = 3;
+    const CLIENTS: usize = 6;
+    const ROUNDS: usize = 6;
+    let name = ctx.name("sem-bound");
+    let inside = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let s = sem(&ctx.locker().await, &name, N);
+        let (inside, most) = (inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let p = s
+                    .acquire_timeout(Duration::from_secs(60))
+                    .await
+                    .expect("a permit");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                assert!(now <= N, "{now} permits of {N} held at once");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                p.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    assert!(most.load(Ordering::SeqCst) >= 2, "the permits were shared");
+}
+
+/// With every permit held, the server refuses another client at once (a
+/// `try` on the semaphore and on each slot's lock); a release makes exactly
+/// one permit free.
+pub async fn semaphore_full_on_the_server(ctx: Ctx) {
+    let name = ctx.name("sem-full");
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let (sa, sb) = (sem(&a, &name, 2), sem(&b, &name, 2));
+    let p1 = sa.try_acquire().await.unwrap().expect("first permit");
+    let p2 = sa.try_acquire().await.unwrap().expect("second permit");
+    assert_ne!(p1.slot(), p2.slot(), "two permits on one slot");
+    assert!(sb.try_acquire().await.unwrap().is_none(), "a third permit");
+    for i in 0..2 {
+        must_be_held(&b, &sb.slot_name(i)).await;
+    }
+    let freed = p1.slot();
+    p1.release().await.unwrap();
+    let p3 = sb.try_acquire().await.unwrap().expect("the freed permit");
+    assert_eq!(p3.slot(), freed);
+    assert!(sb.try_acquire().await.unwrap().is_none(), "full again");
+    p2.release().await.unwrap();
+    p3.release().await.unwrap();
+}
+
+/// A waiter for a full semaphore gets the permit a release frees, soon.
+pub async fn semaphore_release_wakes_a_waiter(ctx: Ctx) {
+    let name = ctx.name("sem-wake");
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let sa = sem(&a, &name, 1);
+    let held = sa.try_acquire().await.unwrap().expect("permit");
+    let sb = sem(&b, &name, 1);
+    let waiter = tokio::spawn(async move {
+        let p = sb.acquire_timeout(SLACK * 10).await.expect("woken");
+        (Instant::now(), p)
+    });
+    until_waiters(&a, &sa.slot_name(0), 1).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (got, p) = waiter.await.expect("waiter");
+    assert!(
+        got.duration_since(released) < SLACK,
+        "woken {:?} after the release",
+        got.duration_since(released)
+    );
+    p.release().await.unwrap();
+}
+
+/// Waits on a full semaphore that time out or are dropped leave no permit
+/// held or queued: afterwards another client takes every permit at once.
+pub async fn semaphore_dropped_waits_leave_nothing(ctx: Ctx) {
+    let name = ctx.name("sem-drop");
+    let (a, b, c) = (ctx.locker().await, ctx.locker().await, ctx.locker().await);
+    let sa = sem(&a, &name, 2);
+    let held = [
+        sa.try_acquire().await.unwrap().expect("permit"),
+        sa.try_acquire().await.unwrap().expect("permit"),
+    ];
+    let sb = sem(&b, &name, 2);
+    // One wait that times out, and three dropped at different points.
+    let e = sb
+        .acquire_timeout(Duration::from_millis(500))
+        .await
+        .expect_err("no permit came free");
+    assert_eq!(e.kind(), ErrorKind::Timeout);
+    for ms in [0, 50, 400] {
+        let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(30)));
+        let _ = tokio::time::timeout(Duration::from_millis(ms), sb.acquire(&opts)).await;
+    }
+    for p in held {
+        p.release().await.unwrap();
+    }
+    let sc = sem(&c, &name, 2);
+    let t = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        match sc.try_acquire().await.unwrap() {
+            Some(p) => got.push(p),
+            // A dropped wait's cleanup is one round trip away.
+            None if t.elapsed() < SLACK => tokio::time::sleep(Duration::from_millis(20)).await,
+            None => panic!("a dropped wait still holds or queues on a permit"),
+        }
+    }
+    for p in got {
+        p.release().await.unwrap();
+    }
+}
