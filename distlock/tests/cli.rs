@@ -337,6 +337,68 @@ async fn permits_bound_the_copies(ctx: Ctx) {
     assert!(st.success() && ran.exists(), "a freed permit");
 }
 
+/// `run --shared`: readers run together; with a writer holding the
+/// read-write lock (through the library), a reader does not run.
+async fn shared_readers_run_together(ctx: Ctx) {
+    let name = ctx.name("shared");
+    let gate = scratch(&ctx, "rgate");
+    let started = scratch(&ctx, "rstarted");
+    let ran = scratch(&ctx, "rran");
+    let hold = format!(
+        "echo $$ >> {s}; while [ ! -e {g} ]; do sleep 0.05; done",
+        s = started.display(),
+        g = gate.display()
+    );
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let mut c = distlock(&ctx);
+        c.args(["run", "--shared", &name, "--", "sh", "-c", &hold]);
+        readers.push(c.spawn().unwrap());
+    }
+    let t = Instant::now();
+    while std::fs::read_to_string(&started)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 2
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "two readers never ran at once"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let l = ctx.locker().await;
+    let rw = distlock::RwLock::new(&l, &name).unwrap();
+    assert!(
+        rw.try_write().await.unwrap().is_none(),
+        "a writer beside readers"
+    );
+    std::fs::write(&gate, b"").unwrap();
+    for mut c in readers {
+        assert!(c.wait().await.unwrap().success());
+    }
+    let w = rw.try_write().await.unwrap().expect("the readers are gone");
+    let touch = format!("touch {}", ran.display());
+    let st = distlock(&ctx)
+        .args([
+            "run",
+            "--shared",
+            "--no-wait",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(st.code(), Some(75), "a reader beside a writer");
+    assert!(!ran.exists(), "the reader ran beside a writer");
+    w.release().await.unwrap();
+}
+
 /// SIGTERM to distlock reaches the command; distlock exits with the
 /// command's status and the lock is free right after.
 async fn signals_pass_through(ctx: Ctx) {
@@ -646,6 +708,9 @@ fn main() -> std::process::ExitCode {
             })
             .case("permits_bound_the_copies", |c| {
                 Box::pin(permits_bound_the_copies(c))
+            })
+            .case("shared_readers_run_together", |c| {
+                Box::pin(shared_readers_run_together(c))
             })
             .case("signals_pass_through", |c| {
                 Box::pin(signals_pass_through(c))

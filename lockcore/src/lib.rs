@@ -63,6 +63,7 @@ pub mod name;
 pub mod options;
 mod owner;
 pub mod retry;
+pub mod rwlock;
 pub mod semaphore;
 pub mod sync;
 mod watchdog;
@@ -78,6 +79,7 @@ pub use guard::LockGuard;
 pub use locker::{Locker, DEADLINE_GRACE};
 pub use name::{validate_name, MAX_NAME_BYTES};
 pub use options::{LockOptions, Wait, DEFAULT_TTL, MAX_TTL, MIN_TTL};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Permit, Semaphore};
 
 // Guards and acquire futures are `Send` (and guards `'static`): they can move

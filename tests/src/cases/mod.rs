@@ -1,7 +1,7 @@
 //! The cases of the contract, one public async function each, grouped by the
 //! contract's sections: [`acquire`], [`hold`], [`release`], [`fencing`],
 //! [`names`], [`cancel`], [`unavailable`] and [`history`]; and the
-//! primitives built on the lock: [`semaphore`].
+//! primitives built on the lock: [`semaphore`] and [`rwlock`].
 //!
 //! Time bounds are for a loaded 2-core machine: they tell a wake-up from a
 //! poll or a lost wake-up, not fast from slow (speed is for benchmarks).
@@ -31,6 +31,7 @@ pub mod history;
 pub mod hold;
 pub mod names;
 pub mod release;
+pub mod rwlock;
 pub mod semaphore;
 pub mod unavailable;
 
@@ -118,6 +119,13 @@ pub fn cases() -> Vec<Case> {
         case!(semaphore::semaphore_full_on_the_server),
         case!(semaphore::semaphore_release_wakes_a_waiter),
         case!(semaphore::semaphore_dropped_waits_leave_nothing),
+        case!(rwlock::rwlock_readers_share_writer_excludes),
+        case!(rwlock::rwlock_writer_not_starved),
+        case!(rwlock::rwlock_writer_tokens_rise, |c| (!c
+            .caps
+            .has_fencing())
+        .then_some("the backend declares no fencing (Fencing::None)")),
+        case!(rwlock::rwlock_dropped_write_leaves_nothing),
     ]
 }
 

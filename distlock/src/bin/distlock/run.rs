@@ -15,7 +15,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use distlock::{ErrorKind, LockGuard, LockOptions, Locker, Permit, Semaphore, Wait};
+use distlock::{
+    ErrorKind, LockGuard, LockOptions, Locker, Permit, ReadGuard, RwLock, Semaphore, Wait,
+};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{getpgrp, tcgetpgrp, Pid};
 use tokio::io::AsyncWriteExt;
@@ -59,8 +61,13 @@ pub(crate) struct Args {
     lost_exit_code: u8,
     /// Take one of N permits of a semaphore on NAME instead of the lock: at
     /// most N copies run at once (like `consul lock -n N`).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with = "shared")]
     permits: Option<u32>,
+    /// Take a read lock of the read-write lock NAME instead of the lock:
+    /// readers run together, and wait while a writer (`lockcore::RwLock`'s
+    /// `write`) holds or waits.
+    #[arg(long)]
+    shared: bool,
     /// The lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -117,12 +124,16 @@ async fn run_inner(locker: Locker, args: &Args) -> u8 {
     };
     let opts = LockOptions::new().ttl(args.ttl).wait(wait);
     let take = async {
-        match args.permits {
-            None => locker.acquire(&args.name, &opts).await,
-            Some(n) => {
+        match (args.permits, args.shared) {
+            (Some(n), _) => {
                 let sem = Semaphore::new(&locker, &args.name, n)?;
                 Ok(sem.acquire(&opts).await?.map(Permit::into_guard))
             }
+            (None, true) => {
+                let rw = RwLock::new(&locker, &args.name)?;
+                Ok(rw.read(&opts).await?.map(ReadGuard::into_guard))
+            }
+            (None, false) => locker.acquire(&args.name, &opts).await,
         }
     };
     let acquired = tokio::select! {
@@ -137,6 +148,10 @@ async fn run_inner(locker: Locker, args: &Args) -> u8 {
         Ok(Some(g)) => g,
         Ok(None) => {
             match args.permits {
+                None if args.shared => eprintln!(
+                    "distlock: a writer holds {:?} or waits for it; not running the command",
+                    args.name
+                ),
                 None => eprintln!(
                     "distlock: {:?} is held by another owner; not running the command",
                     args.name
