@@ -2,9 +2,9 @@
 //! waiting writer is not starved by a stream of readers.
 //!
 //! **Layout.** Read-write lock `L` is made of the lock `L/write` (the
-//! writers' gate) and a [`Semaphore`] of `max_readers` slots named
-//! `L/read/permit-<i>`, all ordinary locks of the backend the [`Locker`]
-//! talks to, each taken by an owner of its own.
+//! writers' gate) and a [`Semaphore`] of reader slots named
+//! `L/read/permit-<i>` ([`MAX_READERS`] of them), all ordinary locks of the
+//! backend the [`Locker`] talks to, each taken by an owner of its own.
 //!
 //! - A **reader** passes the gate (takes `L/write` and lets it go at once),
 //!   then takes one reader slot.
@@ -14,8 +14,9 @@
 //! **Policy: writers first.** While a writer holds the gate (waiting for the
 //! readers inside, or writing), new readers wait at the gate, so a stream
 //! of readers cannot starve it; writers are served in the gate lock's order
-//! (arrival order on ZooKeeper and etcd). At most `max_readers` (16 by
-//! default) read at once; more wait for a slot.
+//! (arrival order on ZooKeeper and etcd). At most [`MAX_READERS`] read at
+//! once; more wait for a slot. A reader's `try` waits up to [`TRY_GATE`] at
+//! the gate, which other readers hold for a moment as they pass.
 //!
 //! **Tokens.** A writer's token is the gate's fencing token: it rises
 //! strictly across writers. A reader's token is its slot's: it rises across
@@ -45,7 +46,7 @@
 //! ```
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::future::select_all;
 
@@ -53,8 +54,14 @@ use crate::name::{validate_name, MAX_NAME_BYTES};
 use crate::semaphore::{Permit, Semaphore};
 use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
 
-/// The readers that may read at once, by default.
-pub const DEFAULT_MAX_READERS: u32 = 16;
+/// The readers that may read at once. Fixed: a reader and a writer that
+/// disagreed on it could hold at once (the writer would not take the slots
+/// it does not know).
+pub const MAX_READERS: u32 = 16;
+
+/// How long a reader's `try` waits at the gate for other readers passing
+/// it (each holds it for a moment); a writer holds it longer.
+pub const TRY_GATE: Duration = Duration::from_millis(250);
 
 /// The bytes the longest part name adds (`/read/permit-0000`).
 const SUFFIX_BYTES: usize = "/read/permit-0000".len();
@@ -68,23 +75,15 @@ pub struct RwLock {
 }
 
 impl RwLock {
-    /// A read-write lock on `name` with [`DEFAULT_MAX_READERS`].
-    ///
-    /// # Errors
-    ///
-    /// As [`RwLock::with_max_readers`].
-    pub fn new(locker: &Locker, name: &str) -> Result<Self> {
-        Self::with_max_readers(locker, name, DEFAULT_MAX_READERS)
-    }
-
-    /// A read-write lock on `name` where at most `max_readers` read at once.
+    /// A read-write lock on `name`: at most [`MAX_READERS`] read at once.
+    /// The count is fixed, so that every client of a name agrees on the
+    /// slots a writer must take.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::InvalidName`] for a name the lock refuses or too long
-    /// for its parts; [`ErrorKind::InvalidConfig`] for a reader count the
-    /// [`Semaphore`] refuses.
-    pub fn with_max_readers(locker: &Locker, name: &str, max_readers: u32) -> Result<Self> {
+    /// for its parts.
+    pub fn new(locker: &Locker, name: &str) -> Result<Self> {
         let backend = locker.backend_name();
         validate_name(backend, name)?;
         if name.len() + SUFFIX_BYTES > MAX_NAME_BYTES {
@@ -101,7 +100,7 @@ impl RwLock {
         Ok(RwLock {
             locker: locker.clone(),
             name: name.to_owned(),
-            readers: Semaphore::new(locker, &format!("{name}/read"), max_readers)?,
+            readers: Semaphore::new(locker, &format!("{name}/read"), MAX_READERS)?,
         })
     }
 
@@ -158,9 +157,24 @@ impl RwLock {
     /// [`Locker::acquire`], and a gate taken is let go at once (or, if the
     /// future is dropped then, released in the background by its guard).
     pub async fn read(&self, opts: &LockOptions) -> Result<Option<ReadGuard>> {
+        opts.validate(self.locker.backend_name())?;
         let began = Instant::now();
-        let Some(gate) = self.locker.clone().acquire(&self.gate_name(), opts).await? else {
-            return Ok(None);
+        let at_gate = match opts.get_wait() {
+            Wait::Try => opts.wait(Wait::For(TRY_GATE)),
+            _ => *opts,
+        };
+        let gate = match self
+            .locker
+            .clone()
+            .acquire(&self.gate_name(), &at_gate)
+            .await
+        {
+            Ok(Some(gate)) => gate,
+            Ok(None) => return Ok(None),
+            Err(e) if opts.get_wait() == Wait::Try && e.kind() == ErrorKind::Timeout => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
         };
         gate.release().await?;
         let permit = self.readers.acquire(&left(opts, began)).await?;
@@ -179,6 +193,7 @@ impl RwLock {
     /// parts taken so far are guards, released (in the background) when the
     /// future is dropped or a later part cannot be had.
     pub async fn write(&self, opts: &LockOptions) -> Result<Option<WriteGuard>> {
+        opts.validate(self.locker.backend_name())?;
         let began = Instant::now();
         let Some(gate) = self.locker.clone().acquire(&self.gate_name(), opts).await? else {
             return Ok(None);
@@ -203,15 +218,28 @@ impl RwLock {
                 }
             }
         }
-        Ok(Some(WriteGuard { gate, slots }))
+        let guard = WriteGuard { gate, slots };
+        if !guard.is_held() {
+            // The gate (or a slot) was lost while the readers left: another
+            // writer may have written since, with a larger token.
+            let _ = guard.release().await;
+            return Err(Error::lost(
+                self.locker.backend_name(),
+                "the write lock's gate was lost while waiting for the readers",
+            )
+            .or_name(&self.name));
+        }
+        Ok(Some(guard))
     }
 }
 
 /// `opts` with what is left of its wait since `began`.
-fn left(opts: &LockOptions, began: Instant) -> LockOptions {
+pub(crate) fn left(opts: &LockOptions, began: Instant) -> LockOptions {
     match opts.get_wait() {
         Wait::For(d) => opts.wait(Wait::For(
-            (began + d).saturating_duration_since(Instant::now()),
+            began
+                .checked_add(d)
+                .map_or(d, |end| end.saturating_duration_since(Instant::now())),
         )),
         _ => *opts,
     }
@@ -308,5 +336,54 @@ impl WriteGuard {
         }
         let gate = self.gate.release().await;
         first.and(gate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_whose_gate_ran_out_while_waiting_is_not_granted() {
+        let locker = Locker::memory();
+        let rw = RwLock::new(&locker, "gate-lost").unwrap();
+        let reader = rw.try_read().await.unwrap().expect("reader");
+        // The writer's parts live 1 s without renewal; the reader stays 1.5 s.
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(1))
+            .renew(false)
+            .wait(Wait::For(Duration::from_secs(10)));
+        let writer = {
+            let rw = rw.clone();
+            tokio::spawn(async move { rw.write(&opts).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        reader.release().await.unwrap();
+        let got = writer.await.unwrap();
+        assert_eq!(
+            got.expect_err("granted on a gate that had run out").kind(),
+            ErrorKind::Lost
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wait_too_long_is_refused_not_a_panic() {
+        let locker = Locker::memory();
+        let rw = RwLock::new(&locker, "long").unwrap();
+        let r = rw.try_read().await.unwrap().expect("reader");
+        let opts = LockOptions::new().wait(Wait::For(Duration::MAX));
+        assert_eq!(
+            rw.write(&opts).await.expect_err("refused").kind(),
+            ErrorKind::InvalidConfig
+        );
+        let sem = Semaphore::new(&locker, "long-sem", 1).unwrap();
+        let p = sem.try_acquire().await.unwrap().expect("permit");
+        assert_eq!(
+            sem.acquire(&opts).await.expect_err("refused").kind(),
+            ErrorKind::InvalidConfig
+        );
+        p.release().await.unwrap();
+        r.release().await.unwrap();
     }
 }

@@ -16,7 +16,8 @@
 //! permit: the other waits are dropped, which the lock's cancel safety turns
 //! into nothing left on the server. A waiter therefore queues on each of the
 //! `permits` slots (a cost that grows with N; the backend's fairness holds
-//! per slot, not across the semaphore).
+//! per slot, not across the semaphore). On MySQL each of those waits holds
+//! a connection: a waiter on N permits uses N connections.
 //!
 //! **Reentrancy.** None: every acquisition is a new owner, so one task (or
 //! one [`Locker`]) can hold several permits of a semaphore, each counted.
@@ -172,6 +173,7 @@ impl Semaphore {
     /// most one cleanup round trip. Slots granted beside the one returned
     /// are released at once.
     pub async fn acquire(&self, opts: &LockOptions) -> Result<Option<Permit>> {
+        opts.validate(self.locker.backend_name())?;
         let began = Instant::now();
         let try_opts = opts.wait(Wait::Try);
         let start = start_slot(self.permits);
@@ -190,12 +192,8 @@ impl Semaphore {
         if opts.get_wait() == Wait::Try {
             return Ok(None);
         }
-        let wait = match opts.get_wait() {
-            // The tries counted against the wait.
-            Wait::For(d) => Wait::For((began + d).saturating_duration_since(Instant::now())),
-            w => w,
-        };
-        let wait_opts = opts.wait(wait);
+        // The tries counted against the wait.
+        let wait_opts = crate::rwlock::left(opts, began);
         self.wait_any(&wait_opts).await
     }
 

@@ -121,6 +121,7 @@ pub fn cases() -> Vec<Case> {
         case!(semaphore::semaphore_dropped_waits_leave_nothing),
         case!(rwlock::rwlock_readers_share_writer_excludes),
         case!(rwlock::rwlock_writer_not_starved),
+        case!(rwlock::rwlock_concurrent_try_reads_share),
         case!(rwlock::rwlock_writer_tokens_rise, |c| (!c
             .caps
             .has_fencing())

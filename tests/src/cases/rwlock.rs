@@ -3,7 +3,7 @@
 //! waiting writer, writers' tokens rise, and dropped acquisitions leave
 //! nothing behind.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use super::{must_be_held, SLACK};
 use crate::Ctx;
 
 fn rw(l: &lockcore::Locker, name: &str) -> RwLock {
-    RwLock::with_max_readers(l, name, 4).expect("rwlock")
+    RwLock::new(l, name).expect("rwlock")
 }
 
 /// Two readers on their own clients hold at once; a writer cannot enter
@@ -48,31 +48,43 @@ pub async fn rwlock_readers_share_writer_excludes(ctx: Ctx) {
 }
 
 /// Readers keep reading in overlapping turns; a writer that starts waiting
-/// gets the lock soon, and no reader is inside while it writes.
+/// gets the lock soon, and no reader is inside while it writes (checked by
+/// both sides, on entry and on leaving).
 pub async fn rwlock_writer_not_starved(ctx: Ctx) {
     let name = ctx.name("rw-starve");
     let stop = Arc::new(AtomicBool::new(false));
     let writing = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicU32::new(0));
     let mut readers = Vec::new();
     for _ in 0..3 {
         let l = rw(&ctx.locker().await, &name);
-        let (stop, writing) = (stop.clone(), writing.clone());
+        let (stop, writing, inside) = (stop.clone(), writing.clone(), inside.clone());
         readers.push(tokio::spawn(async move {
             let opts = LockOptions::new().wait(Wait::For(Duration::from_secs(60)));
             while !stop.load(Ordering::SeqCst) {
                 let r = l.read(&opts).await.expect("read").expect("a read lock");
+                inside.fetch_add(1, Ordering::SeqCst);
                 assert!(
                     !writing.load(Ordering::SeqCst),
-                    "a reader inside with a writer"
+                    "a reader entered beside a writer"
                 );
                 tokio::time::sleep(Duration::from_millis(30)).await;
+                assert!(
+                    !writing.load(Ordering::SeqCst),
+                    "a writer entered beside a reader"
+                );
+                inside.fetch_sub(1, Ordering::SeqCst);
                 r.release().await.expect("release");
             }
         }));
     }
     let w = rw(&ctx.locker().await, &name);
-    // The readers are reading by now.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Wait until the readers are reading.
+    let t = Instant::now();
+    while inside.load(Ordering::SeqCst) == 0 {
+        assert!(t.elapsed() < SLACK * 5, "no reader ever read");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let t = Instant::now();
     let g = w
         .write(&LockOptions::new().wait(Wait::For(SLACK * 5)))
@@ -81,7 +93,17 @@ pub async fn rwlock_writer_not_starved(ctx: Ctx) {
         .expect("a write lock");
     let waited = t.elapsed();
     writing.store(true, Ordering::SeqCst);
+    assert_eq!(
+        inside.load(Ordering::SeqCst),
+        0,
+        "readers inside with the writer"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        inside.load(Ordering::SeqCst),
+        0,
+        "a reader came in while writing"
+    );
     writing.store(false, Ordering::SeqCst);
     g.release().await.unwrap();
     stop.store(true, Ordering::SeqCst);
@@ -89,6 +111,39 @@ pub async fn rwlock_writer_not_starved(ctx: Ctx) {
         r.await.expect("reader");
     }
     assert!(waited < SLACK * 2, "the writer waited {waited:?}");
+}
+
+/// Readers that try at the same moment, each on its own client, all read:
+/// passing the gate one after another is not a writer.
+pub async fn rwlock_concurrent_try_reads_share(ctx: Ctx) {
+    const READERS: usize = 8;
+    let name = ctx.name("rw-tries");
+    let mut locks = Vec::new();
+    for _ in 0..READERS {
+        locks.push(rw(&ctx.locker().await, &name));
+    }
+    for round in 0..3 {
+        // All at once: connected first, then started together.
+        let start = Arc::new(tokio::sync::Barrier::new(READERS));
+        let mut tries = Vec::new();
+        for l in &locks {
+            let (l, start) = (l.clone(), start.clone());
+            tries.push(tokio::spawn(async move {
+                start.wait().await;
+                l.try_read().await.expect("try_read")
+            }));
+        }
+        let mut held = Vec::new();
+        for t in tries {
+            let r = t.await.expect("reader");
+            held.push(r.unwrap_or_else(|| {
+                panic!("round {round}: a concurrent reader was refused with no writer")
+            }));
+        }
+        for r in held {
+            r.release().await.unwrap();
+        }
+    }
 }
 
 /// Successive writers get strictly rising tokens.

@@ -60,12 +60,14 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = exit::LOST)]
     lost_exit_code: u8,
     /// Take one of N permits of a semaphore on NAME instead of the lock: at
-    /// most N copies run at once (like `consul lock -n N`).
+    /// most N copies run at once (like `consul lock -n N`). No
+    /// DISTLOCK_FENCE is exported (a permit's token orders one slot only).
     #[arg(long, value_name = "N", conflicts_with = "shared")]
     permits: Option<u32>,
     /// Take a read lock of the read-write lock NAME instead of the lock:
     /// readers run together, and wait while a writer (`lockcore::RwLock`'s
-    /// `write`) holds or waits.
+    /// `write`) holds or waits. A plain `run NAME` is another lock and does
+    /// not exclude readers; no DISTLOCK_FENCE is exported.
     #[arg(long)]
     shared: bool,
     /// The lock name.
@@ -293,7 +295,12 @@ async fn start_supervisor(guard: &LockGuard, args: &Args) -> Result<Supervisor, 
             .args(&args.command)
             .env("DISTLOCK_NAME", &args.name)
             .process_group(0);
-        match guard.fence() {
+        // A permit's or a reader's token is one slot's: not a fence for the
+        // resource, so none is exported then.
+        match guard
+            .fence()
+            .filter(|_| args.permits.is_none() && !args.shared)
+        {
             Some(f) => command.env("DISTLOCK_FENCE", f.to_string()),
             None => command.env_remove("DISTLOCK_FENCE"),
         };
