@@ -15,13 +15,17 @@ use sqlx::{AssertSqlSafe, Connection};
 use crate::config::{check_table, MysqlConfig, NAME};
 use crate::error::{code, db_number, map_err, timed_out};
 
+use crate::idle::Idle;
 use crate::lease::MysqlLease;
-use crate::sql::{schema_sql, Sql, FOREVER_CHUNK_SECS, SESSION_SETUP};
+use crate::sql::{schema_sql, Sql, FOREVER_CHUNK_SECS};
 
 /// What the backend and its leases share.
 pub(crate) struct Shared {
     pub(crate) cfg: MysqlConfig,
-    pub(crate) hold: MySqlPool,
+    /// Idle lock connections (at most `pool_size`).
+    pub(crate) idle: Idle,
+    /// Idle connections for the fencing counter (at most `aux_pool_size`).
+    pub(crate) fence_idle: Idle,
     pub(crate) aux: MySqlPool,
     pub(crate) server: String,
     pub(crate) sql: Sql,
@@ -33,7 +37,8 @@ impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
             .field("cfg", &self.cfg)
-            .field("hold_size", &self.hold.size())
+            .field("idle", &self.idle.len())
+            .field("fence_idle", &self.fence_idle.len())
             .field("aux_size", &self.aux.size())
             .finish_non_exhaustive()
     }
@@ -124,28 +129,6 @@ impl MysqlBackend {
             }
         }
         let _ = probe.close().await;
-        let hold = MySqlPoolOptions::new()
-            .max_connections(cfg.pool_size)
-            .min_connections(0)
-            .acquire_timeout(cfg.connect_timeout)
-            .idle_timeout(Some(Duration::from_secs(60)))
-            // Locks take idle connections with `try_acquire` (no test); a
-            // dead one is replaced when its first statement fails (see
-            // `open_transaction`). One awaited from the pool is pinged only
-            // after being idle long enough to have died.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_BEFORE_PING {
-                        conn.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .after_connect(|conn, _meta| {
-                Box::pin(async move { sqlx::raw_sql(SESSION_SETUP).execute(conn).await.map(drop) })
-            })
-            .connect_lazy_with(opts.clone());
         let aux = MySqlPoolOptions::new()
             .max_connections(cfg.aux_pool_size)
             // A ping only for a connection idle long enough to have died
@@ -166,8 +149,9 @@ impl MysqlBackend {
         let sql = Sql::new(&cfg.table, &cfg.fence_table());
         Ok(MysqlBackend {
             shared: Arc::new(Shared {
+                idle: Idle::new(cfg.pool_size),
+                fence_idle: Idle::new(cfg.pool_size),
                 cfg,
-                hold,
                 aux,
                 server,
                 sql,

@@ -6,8 +6,8 @@
 //! | option | default | meaning |
 //! |---|---|---|
 //! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence` |
-//! | `pool_size` | 32 | connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after) |
-//! | `aux_pool_size` | 8 | connections for short autocommit statements (fencing counter, cancelling a wait) |
+//! | `pool_size` | 32 | idle connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after), and as many for the fencing counter |
+//! | `aux_pool_size` | 8 | connections for the other short statements (cancelling a wait, `KILL`, reading the lock waits) |
 //! | `fencing` | `strict` | `none` skips the fencing counter: tokens are `None` ([`Fencing::None`](lockcore::Fencing::None)), and an acquisition makes two round trips fewer and commits nothing |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
@@ -48,7 +48,8 @@ pub struct MysqlConfig {
     /// How many connections are kept for waiting and holding locks (each
     /// waiting or held lock uses one; beyond these, one is opened for it).
     pub pool_size: u32,
-    /// How many connections run short autocommit statements.
+    /// How many connections run the other short statements (cancelling a
+    /// wait, `KILL`, reading the lock waits).
     pub aux_pool_size: u32,
     /// How long to wait for a new connection.
     pub connect_timeout: Duration,

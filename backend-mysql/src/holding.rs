@@ -6,21 +6,21 @@ use std::sync::Arc;
 
 use lockcore::cleanup::spawn_cleanup;
 use lockcore::{Error, Result};
-use sqlx::mysql::{MySql, MySqlConnection};
-use sqlx::pool::PoolConnection;
+use sqlx::mysql::MySqlConnection;
 use sqlx::Connection;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::backend::{MysqlBackend, Shared};
 use crate::config::NAME;
 use crate::error::{map_err, timed_out};
 use crate::sql::SESSION_SETUP;
 
-/// A lock connection: from the pool when one is free, else one of its own
-/// (opened for this acquisition and closed after it).
+/// A lock connection: an idle one taken back (it may have died meanwhile),
+/// or one opened for this acquisition. Either is parked for the next one
+/// when left clean, while fewer than `pool_size` are idle.
 pub(crate) enum LockConn {
-    Pooled(PoolConnection<MySql>),
+    Pooled(MySqlConnection),
     Own(MySqlConnection),
 }
 
@@ -50,8 +50,7 @@ impl Holding {
 
     pub(crate) fn conn(&mut self) -> Result<&mut MySqlConnection> {
         match self.conn.as_mut() {
-            Some(LockConn::Pooled(c)) => Ok(&mut **c),
-            Some(LockConn::Own(c)) => Ok(c),
+            Some(LockConn::Pooled(c) | LockConn::Own(c)) => Ok(c),
             None => Err(Error::lost(NAME, "the holding connection is closed")),
         }
     }
@@ -62,24 +61,15 @@ impl Drop for Holding {
         let Some(conn) = self.conn.take() else {
             return;
         };
+        let (LockConn::Pooled(c) | LockConn::Own(c)) = conn;
         if !self.dirty {
-            match conn {
-                LockConn::Pooled(c) => drop(c), // back to the pool
-                LockConn::Own(c) => {
-                    spawn_cleanup("close a lock connection", async move {
-                        let _ = c.close().await;
-                    });
-                }
-            }
+            self.shared.idle.park(c);
             return;
         }
         // Closing the socket ends an idle session at once; a statement in
         // flight (a lock wait) ends only when the server next writes, so
         // KILL it too.
-        match conn {
-            LockConn::Pooled(c) => drop(c.detach()),
-            LockConn::Own(c) => drop(c),
-        }
+        drop(c);
         if let (true, Some(id)) = (self.kill_on_drop, self.id) {
             let shared = self.shared.clone();
             spawn_cleanup(
@@ -118,25 +108,15 @@ impl MysqlBackend {
         Ok(LockConn::Own(c))
     }
 
-    /// A connection to wait and hold on: an idle pooled one, a new pooled
-    /// one while the pool has room, else one of its own. Waiters and holders
-    /// never wait for each other's connections: a busy pool only costs a
+    /// A connection to wait and hold on: an idle one (see `idle.rs`), else
+    /// a new one. Waiters and holders
+    /// never wait for each other's connections: a busy client only costs a
     /// connection setup.
     pub(crate) async fn lock_conn(&self) -> Result<LockConn> {
         let sh = &self.shared;
-        if let Some(c) = sh.hold.try_acquire() {
-            return Ok(LockConn::Pooled(c));
+        match sh.idle.take(sh.cfg.request_timeout).await {
+            Some(c) => Ok(LockConn::Pooled(c)),
+            None => self.own_conn(sh.cfg.connect_timeout).await,
         }
-        // One connect timeout in all: half for a new pooled connection,
-        // the rest for one of its own (a busy pool, or a slow server).
-        let started = Instant::now();
-        if sh.hold.size() < sh.cfg.pool_size {
-            let fut = sh.hold.acquire();
-            if let Ok(Ok(c)) = tokio::time::timeout(sh.cfg.connect_timeout / 2, fut).await {
-                return Ok(LockConn::Pooled(c));
-            }
-        }
-        let left = sh.cfg.connect_timeout.saturating_sub(started.elapsed());
-        self.own_conn(left).await
     }
 }

@@ -51,8 +51,11 @@
 //! the proof: two round trips to acquire (three after a lock wait longer
 //! than a tenth of the ttl, whose `SELECT 1` restarts the validity) and no
 //! durable commit at all (the row's first use excepted, which inserts it).
-//! sqlx's pool pings a connection it takes back after a use; the pools
-//! here ping one before use only after it was idle for a second.
+//! Lock connections, and those of the fencing counter, are kept by the
+//! backend itself (up to `pool_size` idle of each), not in a sqlx pool,
+//! which would ping each one it takes back: a round trip per lock cycle. An
+//! idle one is pinged before use only after a second idle, and closed after
+//! a minute.
 //!
 //! **A held lock holds a connection** (see
 //! [`LeaseKind::Connection`](lockcore::LeaseKind::Connection)), and so does a
@@ -61,12 +64,13 @@
 //!
 //! **Connections.** Every waiting or held lock has a connection of its own
 //! (the server's lock wait and the open transaction live on it): an idle
-//! one of a pool of `pool_size` (32 by default) when there is one, else one
-//! opened for it and closed after it. So waiters never take the connections
-//! a `try` or a second lock needs, and how many locks can be held or awaited
-//! at once is bounded by the server's `max_connections`, not by the pool. A
-//! few more connections (`aux_pool_size`, 8) run the short autocommit
-//! statements.
+//! one (up to `pool_size`, 32 by default, are kept) when there is one, else
+//! one opened for it, kept or closed after it. So waiters never take the
+//! connections a `try` or a second lock needs, and how many locks can be
+//! held or awaited at once is bounded by the server's `max_connections`,
+//! not by `pool_size`. The fencing counter runs on idle connections of its
+//! own (as many kept), and a small sqlx pool (`aux_pool_size`, 8) runs the
+//! other short statements.
 //!
 //! **Cancel safety.** The transaction is never a sqlx `Transaction` (whose
 //! rollback is only queued when dropped): a connection with an open
@@ -90,6 +94,7 @@ pub mod config;
 mod error;
 mod holder;
 mod holding;
+mod idle;
 mod lease;
 mod sql;
 mod transaction;

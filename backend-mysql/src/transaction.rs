@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use lockcore::backend::prelude::*;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Connection, Row};
 
 use crate::backend::MysqlBackend;
 use crate::config::NAME;
@@ -273,37 +273,63 @@ impl MysqlBackend {
     }
 
     /// Advances the name's fencing counter in its own autocommit statement on
-    /// another connection, recording the holder's connection id and owner.
-    /// An idle connection that died (a server restart) fails at once and the
-    /// statement is sent again on another: at worst the counter skips a
-    /// value, and tokens still rise.
+    /// another connection (an idle one of its own, see `idle.rs`),
+    /// recording the holder's connection id and owner. An idle connection
+    /// that died (a server restart) fails at once and the statement is sent
+    /// again on another: at worst the counter skips a value, and tokens
+    /// still rise.
     pub(crate) async fn next_fence(&self, name: &str, conn_id: u64, owner: String) -> Result<u64> {
         let sh = &self.shared;
         let what = "advancing the fencing counter";
         let give_up = Instant::now() + sh.cfg.request_timeout;
-        let mut tries = sh.cfg.aux_pool_size + 1;
-        let done = loop {
-            let fut = sqlx::query(AssertSqlSafe(sh.sql.fence.clone()))
-                .bind(name.as_bytes())
-                .bind(conn_id)
-                .bind(owner.as_str())
-                .execute(&sh.aux);
+        let mut tries = sh.cfg.pool_size + 1;
+        loop {
             let left = give_up.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, fut).await {
-                Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
-                Ok(Err(sqlx::Error::Io(e))) if tries > 1 => {
-                    tries -= 1;
-                    tracing::debug!(error = %e, "a pooled connection was dead; sending again");
+            let run = async {
+                let (mut c, reused) = match sh.fence_idle.take(left).await {
+                    Some(c) => (c, true),
+                    None => (
+                        sqlx::MySqlConnection::connect_with(&sh.opts)
+                            .await
+                            .map_err(|e| (false, map_err(e, "connecting", &sh.server)))?,
+                        false,
+                    ),
+                };
+                let done = sqlx::query(AssertSqlSafe(sh.sql.fence.clone()))
+                    .bind(name.as_bytes())
+                    .bind(conn_id)
+                    .bind(owner.as_str())
+                    .execute(&mut c)
+                    .await;
+                match done {
+                    Ok(done) => {
+                        sh.fence_idle.park(c);
+                        Ok(done)
+                    }
+                    // A dead idle connection: it is dropped; send again.
+                    Err(sqlx::Error::Io(_)) if reused => {
+                        Err((true, Error::unavailable(NAME, "a dead idle connection")))
+                    }
+                    Err(e) => Err((false, map_err(e, what, &sh.server))),
                 }
-                Ok(res) => break res.map_err(|e| map_err(e, what, &sh.server))?,
-            }
-        };
-        match done.last_insert_id() {
-            0 => Err(Error::backend_error(
-                NAME,
-                "the fencing counter statement returned no value",
-            )),
-            f => Ok(f),
+            };
+            let done = match tokio::time::timeout(left, run).await {
+                Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
+                Ok(Ok(done)) => done,
+                Ok(Err((true, _))) if tries > 1 => {
+                    tries -= 1;
+                    tracing::debug!("an idle connection was dead; sending again");
+                    continue;
+                }
+                Ok(Err((_, e))) => return Err(e),
+            };
+            return match done.last_insert_id() {
+                0 => Err(Error::backend_error(
+                    NAME,
+                    "the fencing counter statement returned no value",
+                )),
+                f => Ok(f),
+            };
         }
     }
 }
