@@ -12,6 +12,9 @@
 //!    8 clients on one name: p50 / p99 / max.
 //! 4. RedLock over five masters, one task, pairs/s.
 //!
+//! 5. One task beside the raw redis-rs floor of a lock cycle (`SET NX PX`,
+//!    then the compare-and-delete script), in alternating thirds.
+//!
 //! Beside each, the peer in the same run on the same servers: rslock
 //! (`LockManager::lock` + `unlock`) uncontended, in the forced hand-off
 //! (its default retries: 3, with a random delay below 200 ms), and as
@@ -80,6 +83,41 @@ fn ceiling(port: &str, clients: u32) -> f64 {
         &["1", "bench:{__rand_int__}", "tok", "bench:chan"],
     );
     1.0 / (1.0 / acq + 1.0 / rel)
+}
+
+/// The raw redis-rs floor of one lock cycle, one task: `SET NX PX`, then
+/// the compare-and-delete script (EVALSHA), on one multiplexed connection.
+async fn raw_pairs(url: &str, name: &str, run: Duration) -> f64 {
+    let client = redis::Client::open(url).expect("client");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let release = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < run {
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(name)
+            .arg("tok")
+            .arg("NX")
+            .arg("PX")
+            .arg(30000)
+            .query_async(&mut c)
+            .await
+            .expect("SET");
+        assert!(ok.is_some(), "the raw key was held");
+        let _: i64 = release
+            .key(name)
+            .arg("tok")
+            .invoke_async(&mut c)
+            .await
+            .expect("release");
+        n += 1;
+    }
+    n as f64 / start.elapsed().as_secs_f64()
 }
 
 /// rslock acquire+release pairs/s on one name, one task.
@@ -179,6 +217,12 @@ fn main() {
         let lat = workload::handoffs(clients, &format!("{ns}/handoff"), RUN).await.unwrap();
         let peer = rslock::LockManager::new(masters(&url));
         let peer1 = rslock_pairs(&peer, &format!("{ns}/rslock/one"), RUN).await;
+        // lockcore and the raw redis-rs cycle in alternating thirds.
+        let (mut ours_alt, mut raw1) = (0.0, 0.0);
+        for _ in 0..3 {
+            ours_alt += workload::uncontended(&locker, &ns, 1, RUN / 3).await.unwrap() / 3.0;
+            raw1 += raw_pairs(&masters(&url)[0], &format!("{ns}/raw"), RUN / 3).await / 3.0;
+        }
         let peer_lat = rslock_handoffs(masters(&url), 8, &format!("{ns}/rslock/handoff"), RUN).await;
         // RedLock: ours and rslock's in alternating halves, so that drift
         // in the servers weighs on both alike.
@@ -223,5 +267,9 @@ fn main() {
         if let Some((r, p)) = red {
             println!("| RedLock over 5, 1 task, pairs/s | {r:.0} | {p:.0} | {:.2} |", r / p);
         }
+        println!();
+        println!("| figure, same server, alternating thirds | lockcore-redis | raw redis-rs: SET NX PX + EVALSHA release | ratio |");
+        println!("|---|---|---|---|");
+        println!("| 1 task, acquire+release pairs/s | {ours_alt:.0} | {raw1:.0} | {:.2} |", ours_alt / raw1);
     });
 }
