@@ -266,23 +266,28 @@ async fn exit_codes_and_environment(ctx: Ctx) {
     assert_eq!(st.code(), Some(64));
 }
 
-/// `run --permits 2`: two commands run at once, a third finds every permit
-/// held (75, nothing run), and a freed permit lets it run.
-async fn permits_bound_the_copies(ctx: Ctx) {
-    let name = ctx.name("permits");
-    let gate = scratch(&ctx, "gate");
-    let (started, ran) = (scratch(&ctx, "started"), scratch(&ctx, "ran"));
-    // Each copy marks that it started, then waits for the gate file.
+/// Starts two `distlock run <flags> name` whose commands run until `gate`
+/// exists, and waits until both commands are running at once.
+async fn run_together(
+    ctx: &Ctx,
+    flags: &[&str],
+    name: &str,
+    gate: &std::path::Path,
+) -> Vec<tokio::process::Child> {
+    let started = gate.with_extension("started");
+    let _ = std::fs::remove_file(&started);
     let hold = format!(
         "echo $$ >> {s}; while [ ! -e {g} ]; do sleep 0.05; done",
         s = started.display(),
         g = gate.display()
     );
-    let mut copies = Vec::new();
+    let mut children = Vec::new();
     for _ in 0..2 {
-        let mut c = distlock(&ctx);
-        c.args(["run", "--permits", "2", &name, "--", "sh", "-c", &hold]);
-        copies.push(c.spawn().unwrap());
+        let mut c = distlock(ctx);
+        c.arg("run")
+            .args(flags)
+            .args([name, "--", "sh", "-c", &hold]);
+        children.push(c.spawn().unwrap());
     }
     let t = Instant::now();
     while std::fs::read_to_string(&started)
@@ -293,10 +298,19 @@ async fn permits_bound_the_copies(ctx: Ctx) {
     {
         assert!(
             t.elapsed() < Duration::from_secs(20),
-            "two copies never ran at once"
+            "two commands never ran at once ({flags:?})"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    children
+}
+
+/// `run --permits 2`: two commands run at once, a third finds every permit
+/// held (75, nothing run), and a freed permit lets it run.
+async fn permits_bound_the_copies(ctx: Ctx) {
+    let name = ctx.name("permits");
+    let (gate, ran) = (scratch(&ctx, "gate"), scratch(&ctx, "ran"));
+    let copies = run_together(&ctx, &["--permits", "2"], &name, &gate).await;
     let touch = format!("touch {}", ran.display());
     let st = distlock(&ctx)
         .args([
@@ -341,33 +355,8 @@ async fn permits_bound_the_copies(ctx: Ctx) {
 /// read-write lock (through the library), a reader does not run.
 async fn shared_readers_run_together(ctx: Ctx) {
     let name = ctx.name("shared");
-    let gate = scratch(&ctx, "rgate");
-    let started = scratch(&ctx, "rstarted");
-    let ran = scratch(&ctx, "rran");
-    let hold = format!(
-        "echo $$ >> {s}; while [ ! -e {g} ]; do sleep 0.05; done",
-        s = started.display(),
-        g = gate.display()
-    );
-    let mut readers = Vec::new();
-    for _ in 0..2 {
-        let mut c = distlock(&ctx);
-        c.args(["run", "--shared", &name, "--", "sh", "-c", &hold]);
-        readers.push(c.spawn().unwrap());
-    }
-    let t = Instant::now();
-    while std::fs::read_to_string(&started)
-        .unwrap_or_default()
-        .lines()
-        .count()
-        < 2
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "two readers never ran at once"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (gate, ran) = (scratch(&ctx, "rgate"), scratch(&ctx, "rran"));
+    let readers = run_together(&ctx, &["--shared"], &name, &gate).await;
     let l = ctx.locker().await;
     let rw = distlock::RwLock::new(&l, &name).unwrap();
     assert!(
