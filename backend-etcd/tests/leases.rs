@@ -63,29 +63,28 @@ fn opts(ttl: u64) -> LockOptions {
         .wait(Wait::For(Duration::from_secs(10)))
 }
 
+/// One acquire and release of `name` with a ttl of `ttl` seconds.
+async fn cycle(l: &lockcore::Locker, name: &str, ttl: u64) {
+    l.acquire(name, &opts(ttl))
+        .await
+        .unwrap()
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+}
+
 /// Lock cycles on one name cost two durable writes each (put and delete),
 /// not four (grant, put, delete, revoke).
 async fn two_durable_writes_per_cycle(ctx: Ctx) {
     let l = ctx.harness.connect().await.expect("connect");
     let name = ctx.name("cycle");
     // The first cycle grants the lease that the others reuse.
-    l.acquire(&name, &opts(5))
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&l, &name, 5).await;
     let cycles = 50;
     let before = proposals(&ctx).await;
     for _ in 0..cycles {
-        l.acquire(&name, &opts(5))
-            .await
-            .unwrap()
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        cycle(&l, &name, 5).await;
     }
     let writes = proposals(&ctx).await - before;
     // A little room for the server's own proposals (none are expected).
@@ -153,13 +152,7 @@ async fn abandoned_and_lost_leases_are_not_reused(ctx: Ctx) {
     let mut c = raw(&ctx).await;
     let (a, b, d) = (ctx.name("a"), ctx.name("b"), ctx.name("d"));
     // A released lease to tempt the next acquisitions.
-    l.acquire(&d, &opts(3))
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&l, &d, 3).await;
     let spare = c
         .leases()
         .await

@@ -305,6 +305,22 @@ async fn run_together(
     children
 }
 
+/// `distlock run <flags> --no-wait name -- sh -c script`, to its end.
+async fn run_no_wait(
+    ctx: &Ctx,
+    flags: &[&str],
+    name: &str,
+    script: &str,
+) -> std::process::ExitStatus {
+    distlock(ctx)
+        .arg("run")
+        .args(flags)
+        .args(["--no-wait", name, "--", "sh", "-c", script])
+        .status()
+        .await
+        .unwrap()
+}
+
 /// `run --permits 2`: two commands run at once, a third finds every permit
 /// held (75, nothing run), and a freed permit lets it run.
 async fn permits_bound_the_copies(ctx: Ctx) {
@@ -312,42 +328,14 @@ async fn permits_bound_the_copies(ctx: Ctx) {
     let (gate, ran) = (scratch(&ctx, "gate"), scratch(&ctx, "ran"));
     let copies = run_together(&ctx, &["--permits", "2"], &name, &gate).await;
     let touch = format!("touch {}", ran.display());
-    let st = distlock(&ctx)
-        .args([
-            "run",
-            "--permits",
-            "2",
-            "--no-wait",
-            &name,
-            "--",
-            "sh",
-            "-c",
-            &touch,
-        ])
-        .status()
-        .await
-        .unwrap();
+    let st = run_no_wait(&ctx, &["--permits", "2"], &name, &touch).await;
     assert_eq!(st.code(), Some(75), "a third copy with two permits held");
     assert!(!ran.exists(), "the third copy ran");
     std::fs::write(&gate, b"").unwrap();
     for mut c in copies {
         assert!(c.wait().await.unwrap().success());
     }
-    let st = distlock(&ctx)
-        .args([
-            "run",
-            "--permits",
-            "2",
-            "--no-wait",
-            &name,
-            "--",
-            "sh",
-            "-c",
-            &touch,
-        ])
-        .status()
-        .await
-        .unwrap();
+    let st = run_no_wait(&ctx, &["--permits", "2"], &name, &touch).await;
     assert!(st.success() && ran.exists(), "a freed permit");
 }
 
@@ -369,20 +357,7 @@ async fn shared_readers_run_together(ctx: Ctx) {
     }
     let w = rw.try_write().await.unwrap().expect("the readers are gone");
     let touch = format!("touch {}", ran.display());
-    let st = distlock(&ctx)
-        .args([
-            "run",
-            "--shared",
-            "--no-wait",
-            &name,
-            "--",
-            "sh",
-            "-c",
-            &touch,
-        ])
-        .status()
-        .await
-        .unwrap();
+    let st = run_no_wait(&ctx, &["--shared"], &name, &touch).await;
     assert_eq!(st.code(), Some(75), "a reader beside a writer");
     assert!(!ran.exists(), "the reader ran beside a writer");
     w.release().await.unwrap();

@@ -52,6 +52,30 @@ pub fn validate_name(backend: &'static str, name: &str) -> Result<()> {
     }
 }
 
+/// Validates the name of a primitive made of several locks (`what`: "a
+/// semaphore"), whose longest lock name is `name` followed by `suffix`.
+pub(crate) fn validate_compound_name(
+    backend: &'static str,
+    name: &str,
+    suffix: &str,
+    what: &str,
+) -> Result<()> {
+    validate_name(backend, name)?;
+    if name.len() + suffix.len() > MAX_NAME_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidName,
+            backend,
+            format!(
+                "{what} name has at most {} bytes (its locks add {:?})",
+                MAX_NAME_BYTES - suffix.len(),
+                suffix
+            ),
+        )
+        .or_name(name));
+    }
+    Ok(())
+}
+
 fn is_plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'~' | b'.')
 }

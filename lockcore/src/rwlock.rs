@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::select_all;
 
-use crate::name::{validate_name, MAX_NAME_BYTES};
+use crate::name::validate_compound_name;
 use crate::semaphore::{Permit, Semaphore};
 use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
 
@@ -67,8 +67,8 @@ pub const MAX_READERS: u32 = 16;
 /// after this long, not at once.
 pub const TRY_GATE: Duration = Duration::from_secs(2);
 
-/// The bytes the longest part name adds (`/read/permit-0000`).
-const SUFFIX_BYTES: usize = "/read/permit-0000".len();
+/// What the longest part name adds to the lock's name.
+const LONGEST_SUFFIX: &str = "/read/permit-0000";
 
 /// A read-write lock (see the [module docs](self)).
 #[derive(Debug, Clone)]
@@ -89,18 +89,7 @@ impl RwLock {
     /// for its parts.
     pub fn new(locker: &Locker, name: &str) -> Result<Self> {
         let backend = locker.backend_name();
-        validate_name(backend, name)?;
-        if name.len() + SUFFIX_BYTES > MAX_NAME_BYTES {
-            return Err(Error::new(
-                ErrorKind::InvalidName,
-                backend,
-                format!(
-                    "a read-write lock name has at most {} bytes",
-                    MAX_NAME_BYTES - SUFFIX_BYTES
-                ),
-            )
-            .or_name(name));
-        }
+        validate_compound_name(backend, name, LONGEST_SUFFIX, "a read-write lock")?;
         Ok(RwLock {
             locker: locker.clone(),
             name: name.to_owned(),

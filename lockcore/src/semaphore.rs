@@ -52,14 +52,14 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::name::{validate_name, MAX_NAME_BYTES};
+use crate::name::validate_compound_name;
 use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
 
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 1000;
 
-/// The bytes a slot adds to the semaphore's name (`/permit-0000`).
-const SLOT_SUFFIX_BYTES: usize = "/permit-0000".len();
+/// What a slot adds to the semaphore's name.
+const LONGEST_SUFFIX: &str = "/permit-0000";
 
 /// A counting semaphore: at most `permits` [`Permit`]s of one name at once,
 /// across every process using the same backend (see the [module
@@ -87,18 +87,7 @@ impl Semaphore {
                 format!("a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"),
             ));
         }
-        validate_name(backend, name)?;
-        if name.len() + SLOT_SUFFIX_BYTES > MAX_NAME_BYTES {
-            return Err(Error::new(
-                ErrorKind::InvalidName,
-                backend,
-                format!(
-                    "a semaphore name has at most {} bytes (its slots add {SLOT_SUFFIX_BYTES})",
-                    MAX_NAME_BYTES - SLOT_SUFFIX_BYTES
-                ),
-            )
-            .or_name(name));
-        }
+        validate_compound_name(backend, name, LONGEST_SUFFIX, "a semaphore")?;
         Ok(Semaphore {
             locker: locker.clone(),
             name: name.to_owned(),
