@@ -248,13 +248,16 @@ impl EtcdBackend {
         Ok(sent)
     }
 
-    /// Puts `key` on `lease` if it does not exist yet; returns its create
-    /// revision and that of the oldest key of the lock (the holder's).
+    /// Puts `key` on `lease` if it does not exist yet, with `value` (empty
+    /// for a plain lock, as `concurrency.Mutex` puts it; a candidate's value
+    /// as `concurrency.Election` puts it); returns its create revision and
+    /// that of the oldest key of the lock (the holder's).
     async fn create_key(
         &self,
         key: &str,
         range: &str,
         lease: i64,
+        value: Option<&str>,
         limit: Duration,
     ) -> Result<(i64, Option<i64>)> {
         let first = GetOptions::new()
@@ -265,7 +268,11 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
+                TxnOp::put(
+                    key,
+                    value.unwrap_or_default(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
                 TxnOp::get(range, Some(first.clone())),
             ])
             .or_else([TxnOp::get(key, None), TxnOp::get(range, Some(first))]);
@@ -306,7 +313,9 @@ impl EtcdBackend {
         let (valid_from_grant, (my_rev, owner_rev)) = match spare {
             None => {
                 let sent = self.grant_lease(lease, ttl, limit).await?;
-                let created = self.create_key(&key, &range, lease, limit).await?;
+                let created = self
+                    .create_key(&key, &range, lease, req.value, limit)
+                    .await?;
                 (validity_deadline(sent, ttl), created)
             }
             Some(spare) => {
@@ -315,12 +324,12 @@ impl EtcdBackend {
                 // has its whole ttl but for that, as the validity says.
                 let fresh = spare.valid_until + ttl / 100 >= validity_deadline(sent, ttl);
                 let (alive, created) = if fresh {
-                    let created = self.create_key(&key, &range, lease, limit).await;
+                    let created = self.create_key(&key, &range, lease, req.value, limit).await;
                     (None, created)
                 } else {
                     let (alive, created) = tokio::join!(
                         self.keep_alive_once(lease, limit),
-                        self.create_key(&key, &range, lease, limit)
+                        self.create_key(&key, &range, lease, req.value, limit)
                     );
                     (Some(alive), created)
                 };
@@ -415,6 +424,7 @@ impl Backend for EtcdBackend {
             .fair(true)
             .push_wakeup(true)
             .inspect(true)
+            .values(true)
     }
 
     /// # Cancel safety
@@ -456,8 +466,7 @@ impl Backend for EtcdBackend {
         let mut kv = self.inner.client.kv_client();
         let opts = GetOptions::new()
             .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_keys_only();
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
         let resp = self
             .request(
                 self.inner.request_timeout,
@@ -471,7 +480,10 @@ impl Backend for EtcdBackend {
             let owner = String::from_utf8_lossy(kv.key())
                 .strip_prefix(range.as_str())
                 .map(str::to_owned);
-            HolderInfo::new(owner, u64::try_from(kv.create_revision()).ok(), None)
+            HolderInfo::new(owner, u64::try_from(kv.create_revision()).ok(), None).with_value(
+                // A plain lock's key is empty, as concurrency.Mutex's.
+                Some(String::from_utf8_lossy(kv.value()).into_owned()).filter(|v| !v.is_empty()),
+            )
         });
         Ok(Some(LockInfo::new(
             holder,

@@ -21,6 +21,14 @@
 //! excluded by this backend; with `?prefix=` empty, `etcdctl lock N` does.
 //! [`lock_range`] gives the string to pass.
 //!
+//! **Elections.** etcd's `concurrency.Election` uses the same layout, with
+//! the candidate's value as the key's value (a lock puts an empty value).
+//! A [`lockcore::Election`] puts its value there, and
+//! [`inspect`](lockcore::Backend::inspect) reads the holder key's value
+//! back. So `etcdctl elect lockcore/<seg> <value>` campaigns beside this
+//! backend's candidates (one leader among both), and `etcdctl elect -l
+//! lockcore/<seg>` prints this backend's leader's value.
+//!
 //! **Leases.** Every held lock has its own etcd lease, granted with the
 //! lock's ttl (rounded up to whole seconds; the server may raise it to its
 //! minimum, about 1.5 × the election timeout, which only lengthens how long

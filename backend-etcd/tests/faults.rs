@@ -1,7 +1,7 @@
 //! etcd-specific faults (servers from compose/, one case at a time since
 //! some stop servers): the cluster's leader killed under contention, a
 //! stalled holder, a compaction during a long wait, and interoperation with
-//! `etcdctl lock`.
+//! `etcdctl lock` and `etcdctl elect`.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -381,6 +381,84 @@ async fn etcdctl_lock_interoperates(ctx: Ctx) {
     assert!(status.success(), "etcdctl: {status}");
 }
 
+/// `etcdctl elect` and [`lockcore::Election`] on one name: each sees the
+/// other's leader and value, one leads at a time, and `etcdctl elect -l`
+/// follows this backend's leaders.
+async fn etcdctl_elect_interoperates(ctx: Ctx) {
+    let (l, other) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("elect");
+    let pfx = lock_range(DEFAULT_PREFIX, &name);
+    let pfx = pfx.trim_end_matches('/').to_owned();
+    let etcdctl = |args: &[&str]| {
+        let mut c = tokio::process::Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", endpoints(&ctx).join(",")))
+            .arg("elect")
+            .args(args)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        c.spawn().expect("etcdctl runs")
+    };
+    let election = lockcore::Election::new(&l, &name).expect("election");
+    let watcher = lockcore::Election::new(&other, &name).expect("election");
+
+    // etcdctl campaigns first: it prints its key, then its proposal.
+    let mut theirs = etcdctl(&[&pfx, "from-etcdctl"]);
+    let mut out = BufReader::new(theirs.stdout.take().expect("stdout")).lines();
+    let elected = async {
+        while let Some(line) = out.next_line().await.expect("read") {
+            if line == "from-etcdctl" {
+                return;
+            }
+        }
+        panic!("etcdctl exited before it was elected");
+    };
+    tokio::time::timeout(Duration::from_secs(10), elected)
+        .await
+        .expect("etcdctl was elected");
+    let seen = watcher.leader().await.expect("leader").expect("a leader");
+    assert_eq!(seen.value, "from-etcdctl", "etcdctl's leader as seen here");
+    assert!(
+        election.try_campaign("ours").await.expect("try").is_none(),
+        "led beside etcdctl's leader"
+    );
+    // Ours waits; etcdctl resigns on SIGINT, and ours leads.
+    let campaign = tokio::spawn(async move { election.campaign("ours").await });
+    let pid = theirs.id().expect("pid").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let ours = tokio::time::timeout(Duration::from_secs(10), campaign)
+        .await
+        .expect("led once etcdctl resigned")
+        .expect("task")
+        .expect("campaign");
+    let _ = theirs.wait().await;
+
+    // etcdctl observes our leader's value.
+    let mut listen = etcdctl(&["-l", &pfx]);
+    let mut out = BufReader::new(listen.stdout.take().expect("stdout")).lines();
+    let observed = async {
+        while let Some(line) = out.next_line().await.expect("read") {
+            if line == "ours" {
+                return;
+            }
+        }
+        panic!("etcdctl elect -l exited");
+    };
+    tokio::time::timeout(Duration::from_secs(10), observed)
+        .await
+        .expect("etcdctl elect -l printed our value");
+    assert_eq!(
+        watcher.leader().await.expect("leader").map(|s| s.value),
+        Some("ours".to_owned())
+    );
+    ours.resign().await.expect("resign");
+    let _ = listen.kill().await;
+}
+
 /// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
 /// (15 s by default), each faulting its own client at random (blackhole,
 /// delay, reset, pause), workers killed and replaced, the server paused
@@ -518,6 +596,9 @@ fn main() -> std::process::ExitCode {
             })
             .case("etcdctl_lock_interoperates", |ctx| {
                 Box::pin(etcdctl_lock_interoperates(ctx))
+            })
+            .case("etcdctl_elect_interoperates", |ctx| {
+                Box::pin(etcdctl_elect_interoperates(ctx))
             }),
         Target::new(
             "etcd-cluster-faults",

@@ -9,7 +9,7 @@ use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
 use crate::conn::{self, Conn, Managed};
 use crate::error::map_err;
 use crate::lease::{release, RedisLease};
-use crate::scripts::{ttl_ms, Keys, ACQUIRE, FENCE_KEEP, INSPECT};
+use crate::scripts::{ttl_ms, Keys, ACQUIRE, ACQUIRE_VALUE, FENCE_KEEP, INSPECT};
 use crate::wake::{Subscription, Wakeups};
 
 /// The longest a waiter sleeps between attempts when no wake-up comes (a
@@ -153,6 +153,7 @@ impl Backend for RedisBackend {
         Capabilities::new(Fencing::StrictWhileDataKept, LeaseKind::Ttl)
             .push_wakeup(true)
             .inspect(true)
+            .values(true)
     }
 
     /// One script sets the key if free and advances the fencing counter;
@@ -178,10 +179,22 @@ impl Backend for RedisBackend {
                 "compare-and-delete a cut-off acquire",
                 release(self.conn.clone(), keys.clone(), token.clone()),
             );
-            let r: redis::RedisResult<(i64, i64)> = self
-                .conn
-                .script(&ACQUIRE, &[&keys.lock, &keys.fence], &[&token, &ttl, &keep])
-                .await;
+            let r: redis::RedisResult<(i64, i64)> = match req.value {
+                None => {
+                    self.conn
+                        .script(&ACQUIRE, &[&keys.lock, &keys.fence], &[&token, &ttl, &keep])
+                        .await
+                }
+                Some(value) => {
+                    self.conn
+                        .script(
+                            &ACQUIRE_VALUE,
+                            &[&keys.lock, &keys.fence, &keys.value],
+                            &[&token, &ttl, &keep, value],
+                        )
+                        .await
+                }
+            };
             let (won, value) = match r {
                 Ok(v) => v,
                 Err(e) => {
@@ -218,6 +231,7 @@ impl Backend for RedisBackend {
                         keys,
                         token,
                         self.server.clone(),
+                        req.value.is_some(),
                     )),
                     fence: Some(fence),
                     valid_until: validity_deadline(sent, req.ttl),
@@ -244,14 +258,21 @@ impl Backend for RedisBackend {
     /// Cancel safe: it only reads.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let keys = Keys::new(&self.cfg.prefix, name);
-        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = self
+        let (owner, pttl, fence, value): (Option<String>, i64, Option<u64>, Option<String>) = self
             .conn
-            .script(&INSPECT, &[&keys.lock, &keys.fence], &[])
+            .script(&INSPECT, &[&keys.lock, &keys.fence, &keys.value], &[])
             .await
             .map_err(|e| map_err(e, "inspect", &self.server, false))?;
         let holder = owner.map(|o| {
             let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
-            HolderInfo::new(Some(o), fence, ttl)
+            // The value key names the lease it belongs to: a stale one (of
+            // an earlier leader) is not this holder's.
+            let value = value
+                .as_deref()
+                .and_then(|v| v.split_once(' '))
+                .filter(|(token, _)| *token == o)
+                .map(|(_, v)| v.to_owned());
+            HolderInfo::new(Some(o.clone()), fence, ttl).with_value(value)
         });
         Ok(Some(LockInfo::new(holder, None)))
     }

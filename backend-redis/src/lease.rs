@@ -7,7 +7,7 @@ use lockcore::backend::prelude::*;
 
 use crate::conn::Conn;
 use crate::error::map_err;
-use crate::scripts::{ttl_ms, Keys, RELEASE, RENEW};
+use crate::scripts::{ttl_ms, Keys, RELEASE, RENEW, RENEW_WITH_VALUE};
 
 /// Compare-and-delete with `token`, and a wake-up on the release channel:
 /// the cleanup of an acquisition that may have applied.
@@ -27,33 +27,53 @@ pub(crate) struct RedisLease {
     keys: Keys,
     token: String,
     server: String,
+    /// Whether the lease carries a value key, renewed beside the lock key.
+    with_value: bool,
 }
 
 impl RedisLease {
-    pub(crate) fn new(conn: Conn, keys: Keys, token: String, server: String) -> Self {
+    pub(crate) fn new(
+        conn: Conn,
+        keys: Keys,
+        token: String,
+        server: String,
+        with_value: bool,
+    ) -> Self {
         RedisLease {
             conn,
             keys,
             token,
             server,
+            with_value,
         }
     }
 }
 
 #[async_trait]
 impl BackendLease for RedisLease {
-    /// `PEXPIRE` only if the key still holds this owner's token.
+    /// `PEXPIRE` only if the key still holds this owner's token (and the
+    /// value key with it, for a lease that carries one).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped renewal at most extended the lease.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let sent = Instant::now();
-        let r: i64 = self
-            .conn
-            .script(&RENEW, &[&self.keys.lock], &[&self.token, &ttl_ms(ttl)])
-            .await
-            .map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
+        let ttl_arg = ttl_ms(ttl);
+        let args = [self.token.as_str(), ttl_arg.as_str()];
+        let renewing = if self.with_value {
+            self.conn
+                .script(
+                    &RENEW_WITH_VALUE,
+                    &[&self.keys.lock, &self.keys.value],
+                    &args,
+                )
+                .await
+        } else {
+            self.conn.script(&RENEW, &[&self.keys.lock], &args).await
+        };
+        let r: i64 =
+            renewing.map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
         Ok(if r == 1 {
             Renewal::Renewed {
                 valid_until: validity_deadline(sent, ttl),

@@ -11,6 +11,14 @@
 //! `<prefix>{N}:released` on which a release wakes waiters. The braces are a
 //! hash tag: a lock's keys share one cluster slot whatever the name.
 //!
+//! **Elections.** A [`lockcore::Election`]'s leader holds the lock key as
+//! any holder does, and its value lives beside it in `<prefix>{N}:value` as
+//! `"<owner token> <value>"`, set by the same script that takes the lock,
+//! with the lock key's expiry, and renewed with it. Inspection reports the
+//! value only when the token in it is the lock key's holder, so an earlier
+//! leader's value is never shown for a later one. RedLock keeps no values,
+//! so it has no leader election.
+//!
 //! **Fencing tokens.** The script that takes the lock also sets the counter
 //! to `max(counter + 1, server TIME in µs)` and keeps it for an hour after
 //! the name's last acquisition. Tokens rise strictly per name; counters do

@@ -34,6 +34,23 @@ return {0, redis.call('PTTL', KEYS[1])}",
     )
 });
 
+/// [`ACQUIRE`] for a lease that carries a value (an election's candidate):
+/// on success also `SET value-key "<token> <value>" PX ttl`, so the value
+/// lives as long as the lease and names its owner. `ARGV[4]` is the value.
+pub(crate) static ACQUIRE_VALUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now)
+  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
+  redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. ARGV[4], 'PX', ARGV[2])
+  return {1, fence}
+end
+return {0, redis.call('PTTL', KEYS[1])}",
+    )
+});
+
 /// `SET lock token NX PX ttl` alone (RedLock: no counter). `{1, 0}` or `{0, pttl}`.
 pub(crate) static ACQUIRE_PLAIN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -48,6 +65,18 @@ return {0, redis.call('PTTL', KEYS[1])}",
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0",
+    )
+});
+
+/// [`RENEW`] for a lease that carries a value: the value key gets the
+/// same expiry. 1 or 0.
+pub(crate) static RENEW_WITH_VALUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0",
@@ -83,10 +112,11 @@ return 0",
     )
 });
 
-/// Holder token, its pttl, and the last fencing token issued.
+/// Holder token, its pttl, the last fencing token issued, and the value
+/// key (`"<token> <value>"`, the value of the lease whose token it names).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2])}",
+        r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}",
     )
 });
 
@@ -94,18 +124,21 @@ pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
 ///
 /// A name maps to `<prefix>{<name>}` (the lock key, holding the owner token
 /// as a plain string with a PX expiry), `<prefix>{<name>}:fence` (the fencing
-/// counter) and the pub/sub channel `<prefix>{<name>}:released`. The braces
-/// are a hash tag: both keys live in one cluster slot whatever the name.
+/// counter), `<prefix>{<name>}:value` (an election leader's value, written
+/// only by a lease that carries one) and the pub/sub channel
+/// `<prefix>{<name>}:released`. The braces are a hash tag: the keys live
+/// in one cluster slot whatever the name.
 ///
 /// A name that starts with `}` would give an empty hash tag (`{}`), which
 /// Redis Cluster ignores, hashing each whole key to its own slot; such names
-/// map to `<prefix>#{<name in hex>}` instead (and its `:fence`,
+/// map to `<prefix>#{<name in hex>}` instead (and its `:fence`, `:value`,
 /// `:released`). No other name maps there: every other key has `{` right
 /// after the prefix.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
     pub(crate) fence: String,
+    pub(crate) value: String,
     pub(crate) channel: String,
 }
 
@@ -119,6 +152,7 @@ impl Keys {
         };
         Keys {
             fence: format!("{lock}:fence"),
+            value: format!("{lock}:value"),
             channel: format!("{lock}:released"),
             lock,
         }

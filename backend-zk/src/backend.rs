@@ -14,7 +14,7 @@ use crate::config::{AclMode, ZkConfig, NAME};
 use crate::error::map_err;
 use crate::lease::ZkLease;
 use crate::nodes::{
-    create_node, czxid_of, delete_node, delete_ours, list, lock_parent, vanished, AbortOnDrop,
+    create_node, data_of, delete_node, delete_ours, list, lock_parent, vanished, AbortOnDrop,
 };
 use crate::recipe;
 use crate::session::Session;
@@ -276,6 +276,7 @@ impl Backend for ZkBackend {
             .fair(true)
             .push_wakeup(true)
             .inspect(true)
+            .values(true)
     }
 
     /// Creates `_c_<uuid>-lock-<seq>` under the name's parent, then waits
@@ -298,7 +299,7 @@ impl Backend for ZkBackend {
             "delete the lock node of a dropped acquisition",
             delete_ours(session.clone(), parent.clone(), prefix.clone()),
         );
-        let creating = create_node(&session, &self.acls, &parent, &prefix, req.owner);
+        let creating = create_node(&session, &self.acls, &parent, &prefix, req.owner, req.value);
         let (node, czxid) = within(
             NAME,
             format!("creating a lock node under {parent}"),
@@ -372,12 +373,30 @@ impl Backend for ZkBackend {
         let Some(first) = queue.first() else {
             return Ok(Some(LockInfo::new(None, Some(0))));
         };
-        let fence = czxid_of(&session, &format!("{parent}/{}", first.name))
-            .await?
-            .and_then(|z| u64::try_from(z).ok());
+        // The node's data is a candidate's value, or the owner token of a
+        // plain lock of ours (not a value), or what another client wrote
+        // (Curator writes the host address).
+        let (value, fence) = match data_of(&session, &format!("{parent}/{}", first.name)).await? {
+            Some((data, czxid)) => (
+                Some(String::from_utf8_lossy(&data).into_owned())
+                    .filter(|v| !is_own_token(&first.name, v)),
+                u64::try_from(czxid).ok(),
+            ),
+            None => (None, None),
+        };
         Ok(Some(LockInfo::new(
-            Some(HolderInfo::new(Some(first.name.clone()), fence, None)),
+            Some(HolderInfo::new(Some(first.name.clone()), fence, None).with_value(value)),
             Some(queue.len() - 1),
         )))
     }
+}
+
+/// Whether `data` is the owner token our plain lock writes into node
+/// `node` (`_c_<the token as a uuid>-lock-<seq>`).
+fn is_own_token(node: &str, data: &str) -> bool {
+    data.len() == 32
+        && node
+            .strip_prefix("_c_")
+            .and_then(|rest| rest.get(..36))
+            .is_some_and(|uuid| uuid.replace('-', "") == data)
 }

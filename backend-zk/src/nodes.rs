@@ -24,9 +24,11 @@ pub(crate) async fn create_node(
     parent: &str,
     prefix: &str,
     owner: OwnerToken,
+    value: Option<&str>,
 ) -> Result<(String, i64)> {
     let full = format!("{parent}/{prefix}");
-    let data = owner.to_string();
+    // The node's data: a candidate's value, else the owner token.
+    let data = value.map_or_else(|| owner.to_string(), str::to_owned);
     let acls = zk::Acls::new(acls);
     let opts = zk::CreateMode::EphemeralSequential.with_acls(acls);
     let creating = || format!("creating a lock node under {parent}");
@@ -112,6 +114,18 @@ pub(crate) async fn czxid_of(session: &Session, path: &str) -> Result<Option<i64
         .await
         .map(|stat| stat.map(|s| s.czxid))
         .map_err(|e| map_err(e, format!("reading {path}"), false))
+}
+
+/// The data and czxid of `path`, or `None` when it does not exist.
+pub(crate) async fn data_of(session: &Session, path: &str) -> Result<Option<(Vec<u8>, i64)>> {
+    match session
+        .call(|c| async move { c.get_data(path).await })
+        .await
+    {
+        Ok((data, stat)) => Ok(Some((data, stat.czxid))),
+        Err(zk::Error::NoNode) => Ok(None),
+        Err(e) => Err(map_err(e, format!("reading {path}"), false)),
+    }
 }
 
 /// The parent node of lock `name` under `cfg`.

@@ -363,6 +363,116 @@ async fn shared_readers_run_together(ctx: Ctx) {
     w.release().await.unwrap();
 }
 
+/// `elect` runs the command while it leads, with its term as
+/// DISTLOCK_FENCE; `leader` prints the leader the server names, and
+/// `leader --watch` follows the changes. On a backend with no leader
+/// election both are refused with a usage error.
+async fn elect_and_leader(ctx: Ctx) {
+    let name = ctx.name("elect");
+    let (gate, ran, fence) = (
+        scratch(&ctx, "egate"),
+        scratch(&ctx, "eran"),
+        scratch(&ctx, "efence"),
+    );
+    if !ctx.caps.values {
+        let st = distlock(&ctx)
+            .args(["elect", "--value", "a", &name, "--", "true"])
+            .status()
+            .await
+            .unwrap();
+        assert_eq!(st.code(), Some(64), "elect without leader election");
+        let st = distlock(&ctx)
+            .args(["leader", &name])
+            .status()
+            .await
+            .unwrap();
+        assert_eq!(st.code(), Some(64), "leader without leader election");
+        return;
+    }
+    let leader_line = || async {
+        let out = distlock(&ctx)
+            .args(["leader", &name])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "distlock leader: {}", out.status);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(leader_line().await, "none");
+    let hold = format!(
+        "echo $DISTLOCK_FENCE > {f}.tmp; mv {f}.tmp {f}; while [ ! -e {g} ]; do sleep 0.05; done",
+        f = fence.display(),
+        g = gate.display()
+    );
+    let mut leading = distlock(&ctx)
+        .args(["elect", "--value", "host-a", &name, "--", "sh", "-c", &hold])
+        .spawn()
+        .unwrap();
+    until_exists(&fence).await;
+    let term = std::fs::read_to_string(&fence).unwrap().trim().to_owned();
+    let expected = if ctx.caps.has_fencing() {
+        format!("term={term} host-a")
+    } else {
+        "term=- host-a".to_owned()
+    };
+    assert_eq!(leader_line().await, expected);
+    // Checked on the server by another client: it cannot lead.
+    let l = ctx.locker().await;
+    let election = distlock::Election::new(&l, &name).unwrap();
+    assert!(
+        election.try_campaign("x").await.unwrap().is_none(),
+        "a second leader"
+    );
+    let touch = format!("touch {}", ran.display());
+    let st = distlock(&ctx)
+        .args([
+            "elect",
+            "--no-wait",
+            "--value",
+            "host-b",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(st.code(), Some(75), "a second candidate with --no-wait");
+    assert!(!ran.exists(), "the second candidate ran");
+    let mut watch = distlock(&ctx)
+        .args(["leader", "--watch", &name])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
+    assert_eq!(next_line(&mut lines).await, expected);
+    std::fs::write(&gate, b"").unwrap();
+    assert!(leading.wait().await.unwrap().success());
+    assert_eq!(next_line(&mut lines).await, "none", "the leader resigned");
+    let ours = election
+        .try_campaign("host-c")
+        .await
+        .unwrap()
+        .expect("free");
+    let line = next_line(&mut lines).await;
+    assert!(line.ends_with(" host-c"), "{line}");
+    signal(watch.id().unwrap(), nix::sys::signal::Signal::SIGINT);
+    assert!(watch.wait().await.unwrap().success());
+    ours.resign().await.unwrap();
+}
+
+/// The next line a child prints, within 20 s.
+async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Lines<R>) -> String {
+    tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("a line in time")
+        .unwrap()
+        .expect("the child still runs")
+}
+
 /// SIGTERM to distlock reaches the command; distlock exits with the
 /// command's status and the lock is free right after.
 async fn signals_pass_through(ctx: Ctx) {
@@ -676,6 +786,7 @@ fn main() -> std::process::ExitCode {
             .case("shared_readers_run_together", |c| {
                 Box::pin(shared_readers_run_together(c))
             })
+            .case("elect_and_leader", |c| Box::pin(elect_and_leader(c)))
             .case("signals_pass_through", |c| {
                 Box::pin(signals_pass_through(c))
             })

@@ -224,6 +224,12 @@ pub struct AcquireRequest<'a> {
     /// the lease is gone (session expired, connection broke, revoked) cancels
     /// it; it may keep a clone for as long as the lease lives.
     pub lost: &'a CancellationToken,
+    /// A value stored beside the lease while it lives (a leader's value in
+    /// an [`Election`](crate::Election)), read back by
+    /// [`Backend::inspect`] as [`HolderInfo::value`]; `None` for a plain
+    /// lock. A backend whose capabilities do not declare
+    /// [`values`](Capabilities::values) ignores it.
+    pub value: Option<&'a str>,
 }
 
 /// A lease granted by the backend.
@@ -282,6 +288,9 @@ pub struct HolderInfo {
     pub fence: Option<u64>,
     /// How long the lease lives without renewal.
     pub ttl_remaining: Option<Duration>,
+    /// The value stored beside the lease ([`AcquireRequest::value`]), where
+    /// the backend keeps one.
+    pub value: Option<String>,
 }
 
 impl HolderInfo {
@@ -291,7 +300,15 @@ impl HolderInfo {
             owner,
             fence,
             ttl_remaining,
+            value: None,
         }
+    }
+
+    /// Sets [`value`](HolderInfo::value).
+    #[must_use]
+    pub fn with_value(mut self, value: Option<String>) -> Self {
+        self.value = value;
+        self
     }
 }
 

@@ -63,10 +63,14 @@ pub struct Capabilities {
     pub inspect: bool,
     /// Locks exclude other processes (false for the in-memory backend).
     pub cross_process: bool,
+    /// A lease carries a value ([`AcquireRequest::value`](crate::AcquireRequest))
+    /// that [`Backend::inspect`](crate::Backend::inspect) reads back: what an
+    /// [`Election`](crate::Election) needs to tell observers who leads.
+    pub values: bool,
 }
 
 impl Capabilities {
-    /// Not fair, no push wake-up, no inspection, cross-process.
+    /// Not fair, no push wake-up, no inspection, no values, cross-process.
     pub const fn new(fencing: Fencing, lease: LeaseKind) -> Self {
         Capabilities {
             fencing,
@@ -75,6 +79,7 @@ impl Capabilities {
             lease,
             inspect: false,
             cross_process: true,
+            values: false,
         }
     }
 
@@ -103,6 +108,13 @@ impl Capabilities {
     #[must_use]
     pub const fn cross_process(mut self, v: bool) -> Self {
         self.cross_process = v;
+        self
+    }
+
+    /// Sets [`values`](Capabilities::values).
+    #[must_use]
+    pub const fn values(mut self, v: bool) -> Self {
+        self.values = v;
         self
     }
 

@@ -51,6 +51,7 @@ pub mod backend;
 pub mod bench;
 pub mod capabilities;
 pub mod cleanup;
+pub mod election;
 pub mod error;
 pub mod fencing;
 mod guard;
@@ -74,6 +75,7 @@ pub use backend::{
     Released, Renewal,
 };
 pub use capabilities::{Capabilities, Fencing, LeaseKind};
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use locker::{Locker, DEADLINE_GRACE};
@@ -96,4 +98,10 @@ fn _assert_send() {
     send(&l.try_lock("x"));
     send(&l.acquire("x", &LockOptions::new()));
     send(&l.lock_timeout("x", std::time::Duration::from_secs(1)));
+    send_static::<Leadership>();
+    if let Ok(e) = Election::new(&l, "x") {
+        send(&e.campaign("v"));
+        send(&e.leader());
+        send(&e.observe().changed());
+    }
 }

@@ -210,6 +210,21 @@ impl Locker {
     /// Cancel safe: dropping the future at any point leaves nothing held or
     /// queued on the server after at most one cleanup round trip.
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        self.acquire_with_value(name, opts, None).await
+    }
+
+    /// [`acquire`](Locker::acquire), with a value stored beside the lease
+    /// where the backend keeps one (see [`AcquireRequest::value`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Locker::acquire).
+    pub(crate) async fn acquire_with_value(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        value: Option<&str>,
+    ) -> Result<Option<LockGuard>> {
         let backend = self.backend.name();
         validate_name(backend, name)?;
         opts.validate(backend)?;
@@ -251,6 +266,7 @@ impl Locker {
             ttl: opts.get_ttl(),
             deadline,
             lost: &lost,
+            value,
         };
         let attempt = self.backend.acquire(req);
         let grant = match deadline.instant() {

@@ -67,6 +67,7 @@ struct Holder {
     expires: Instant,
     fence: u64,
     lost: CancellationToken,
+    value: Option<String>,
 }
 
 #[derive(Debug)]
@@ -74,6 +75,7 @@ struct Waiter {
     owner: OwnerToken,
     ttl: Duration,
     lost: CancellationToken,
+    value: Option<String>,
     tx: oneshot::Sender<(u64, Instant)>,
 }
 
@@ -101,6 +103,7 @@ impl Entry {
                     expires,
                     fence: *last_fence,
                     lost: w.lost,
+                    value: w.value,
                 });
             }
         }
@@ -246,6 +249,7 @@ impl Backend for MemoryBackend {
             .fair(true)
             .push_wakeup(true)
             .inspect(true)
+            .values(true)
             .cross_process(false)
     }
 
@@ -272,6 +276,7 @@ impl Backend for MemoryBackend {
                     expires,
                     fence: *last_fence,
                     lost: req.lost.clone(),
+                    value: req.value.map(str::to_owned),
                 });
                 return Ok(Some(self.lease(req.name, req.owner, *last_fence, expires)));
             }
@@ -283,6 +288,7 @@ impl Backend for MemoryBackend {
                 owner: req.owner,
                 ttl: req.ttl,
                 lost: req.lost.clone(),
+                value: req.value.map(str::to_owned),
                 tx,
             });
             rx
@@ -351,6 +357,7 @@ impl Backend for MemoryBackend {
                 Some(h.fence),
                 Some(h.expires.saturating_duration_since(now)),
             )
+            .with_value(h.value.clone())
         });
         Ok(Some(LockInfo::new(holder, Some(entry.waiters.len()))))
     }

@@ -240,6 +240,7 @@ impl Backend for Migrating {
         .push_wakeup(a.push_wakeup && b.push_wakeup)
         .inspect(a.inspect && b.inspect)
         .cross_process(a.cross_process && b.cross_process)
+        .values(a.values && b.values)
     }
 
     /// Takes `req.name` on the old backend, then on the new one, both by
@@ -262,6 +263,7 @@ impl Backend for Migrating {
                     ttl: req.ttl,
                     deadline: req.deadline,
                     lost: &old_lost,
+                    value: req.value,
                 })
                 .await?
             else {
@@ -277,6 +279,7 @@ impl Backend for Migrating {
                 ttl: req.ttl,
                 deadline: req.deadline,
                 lost: &new_lost,
+                value: req.value,
             });
             let keeping = keep_alive(&*old_lease, req.ttl, &old_lost, &old_valid);
             let new = tokio::select! {

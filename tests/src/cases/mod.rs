@@ -1,7 +1,7 @@
 //! The cases of the contract, one public async function each, grouped by the
 //! contract's sections: [`acquire`], [`hold`], [`release`], [`fencing`],
 //! [`names`], [`cancel`], [`unavailable`] and [`history`]; and the
-//! primitives built on the lock: [`semaphore`] and [`rwlock`].
+//! primitives built on the lock: [`semaphore`], [`rwlock`] and [`election`].
 //!
 //! Time bounds are for a loaded 2-core machine: they tell a wake-up from a
 //! poll or a lost wake-up, not fast from slow (speed is for benchmarks).
@@ -26,6 +26,7 @@ use crate::Ctx;
 
 pub mod acquire;
 pub mod cancel;
+pub mod election;
 pub mod fencing;
 pub mod history;
 pub mod hold;
@@ -68,6 +69,11 @@ fn unless_revoke(c: &Ctx) -> Option<&'static str> {
 
 fn unless_proxy(c: &Ctx) -> Option<&'static str> {
     (!c.harness.can_proxy()).then_some("the harness cannot route a client through a proxy")
+}
+
+fn unless_values(c: &Ctx) -> Option<&'static str> {
+    (!(c.caps.values && c.caps.inspect))
+        .then_some("the backend keeps no value beside a lease (no leader election)")
 }
 
 /// Every case, in a stable order.
@@ -127,6 +133,20 @@ pub fn cases() -> Vec<Case> {
             .has_fencing())
         .then_some("the backend declares no fencing (Fencing::None)")),
         case!(rwlock::rwlock_dropped_write_leaves_nothing),
+        case!(election::election_one_leader_on_the_server, unless_values),
+        case!(election::election_exactly_one_leader, unless_values),
+        case!(
+            election::election_resign_hands_over_and_observers_see_it,
+            unless_values
+        ),
+        case!(
+            election::election_dropped_campaigns_leave_nothing,
+            unless_values
+        ),
+        case!(election::election_value_too_long_is_refused, unless_values),
+        case!(election::election_revoked_leader_is_lost, |c| {
+            unless_values(c).or_else(|| unless_revoke(c))
+        }),
     ]
 }
 

@@ -37,6 +37,7 @@ pub(crate) async fn inspect(locker: Locker, args: Args) -> u8 {
                 "owner": h.owner,
                 "fence": h.fence,
                 "ttl_remaining_ms": h.ttl_remaining.map(|d| d.as_millis() as u64),
+                "value": h.value,
             })
         });
         let out = json!({
@@ -61,6 +62,9 @@ pub(crate) async fn inspect(locker: Locker, args: Args) -> u8 {
             match h.ttl_remaining {
                 Some(d) => println!("ttl:     {:.3}s remaining", d.as_secs_f64()),
                 None => println!("ttl:     (kept alive by a session or connection)"),
+            }
+            if let Some(v) = &h.value {
+                println!("value:   {v}");
             }
         }
     }

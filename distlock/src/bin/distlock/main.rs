@@ -1,5 +1,6 @@
-//! `distlock`: run a command under a distributed lock, inspect a lock, and
-//! benchmark a backend, from a shell.
+//! `distlock`: run a command under a distributed lock, a semaphore's permit,
+//! a read lock or an election's leadership; inspect a lock, follow an
+//! election's leader, and benchmark a backend, from a shell.
 //!
 //! The backend is chosen by URL (`--url` or `DISTLOCK_URL`); a scheme whose
 //! backend was not compiled in fails with a message naming the cargo feature.
@@ -8,6 +9,7 @@
 mod bench;
 mod exit;
 mod inspect;
+mod leader;
 mod run;
 mod supervise;
 
@@ -43,6 +45,10 @@ struct Cli {
 enum Command {
     /// Run a command while holding a lock, renewing it; stop the command if the lease is lost.
     Run(run::Args),
+    /// Run a command while leading an election, with a value observers see; stop it when leadership is lost.
+    Elect(run::ElectArgs),
+    /// Print who leads an election (`term=N VALUE`, or `none`); --watch follows the changes.
+    Leader(leader::Args),
     /// Show who holds a lock (owner, fencing token, remaining ttl) and its waiters.
     Inspect(inspect::Args),
     /// Measure a backend: uncontended and contended throughput, hand-off latency, many leases held.
@@ -97,6 +103,8 @@ fn main() -> ExitCode {
         };
         match cli.command {
             Command::Run(args) => run::run(locker, args).await,
+            Command::Elect(args) => run::elect(locker, args).await,
+            Command::Leader(args) => leader::leader(locker, args).await,
             Command::Inspect(args) => inspect::inspect(locker, args).await,
             Command::Bench(args) => bench::bench(locker, &url, args).await,
             Command::Supervise(_) => exit::SOFTWARE,

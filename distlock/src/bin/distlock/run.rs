@@ -1,4 +1,5 @@
-//! `distlock run`: a command under a lock.
+//! `distlock run`: a command under a lock (or a permit, or a read lock);
+//! `distlock elect`: a command while leading an election.
 //!
 //! The command never runs without a live lease behind it. It runs under a
 //! supervisor (`distlock __supervise`, see `supervise.rs`) that leads its
@@ -16,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use distlock::{
-    ErrorKind, LockGuard, LockOptions, Locker, Permit, ReadGuard, RwLock, Semaphore, Wait,
+    Election, ErrorKind, Leadership, LockGuard, LockOptions, Locker, Permit, ReadGuard, RwLock,
+    Semaphore, Wait,
 };
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{getpgrp, tcgetpgrp, Pid};
@@ -36,9 +38,10 @@ const SEND_LIMIT: Duration = Duration::from_secs(2);
 /// the process exits.
 const FLUSH: Duration = Duration::from_secs(5);
 
-/// Arguments of `distlock run`.
+/// What `run` and `elect` share: the lease, the wait, the exit codes, the
+/// name and the command.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Args {
+pub(crate) struct Common {
     /// Lease ttl; renewed at about ttl/3 while the command runs.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,
@@ -59,6 +62,16 @@ pub(crate) struct Args {
     /// Exit code when the lease was lost while the command ran.
     #[arg(long, default_value_t = exit::LOST)]
     lost_exit_code: u8,
+    /// The lock name.
+    name: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+/// Arguments of `distlock run`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
     /// Take one of N permits of a semaphore on NAME instead of the lock: at
     /// most N copies run at once (like `consul lock -n N`). No
     /// DISTLOCK_FENCE is exported (a permit's token orders one slot only).
@@ -70,11 +83,40 @@ pub(crate) struct Args {
     /// not exclude readers; no DISTLOCK_FENCE is exported.
     #[arg(long)]
     shared: bool,
-    /// The lock name.
-    name: String,
-    /// The command and its arguments (after `--`).
-    #[arg(last = true, required = true, num_args = 1..)]
-    command: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Arguments of `distlock elect`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ElectArgs {
+    /// This candidate's value, shown to observers while it leads (`distlock
+    /// leader NAME`), e.g. the host name.
+    #[arg(long)]
+    value: String,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// What the command runs under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Take {
+    /// The lock NAME.
+    Lock,
+    /// One of N permits of the semaphore NAME.
+    Permits(u32),
+    /// A read lock of the read-write lock NAME.
+    Shared,
+    /// The leadership of the election NAME, campaigning with this value.
+    Elect(String),
+}
+
+impl Take {
+    /// Whether the guard's token is a fence for the resource: the lock's
+    /// and a leader's term are; a permit's or a reader's orders one slot.
+    fn exports_fence(&self) -> bool {
+        matches!(self, Take::Lock | Take::Elect(_))
+    }
 }
 
 /// INT, TERM and HUP, caught from the start of `run`.
@@ -105,13 +147,28 @@ impl Signals {
 
 /// Runs the command under the lock; returns the exit code.
 pub(crate) async fn run(locker: Locker, args: Args) -> u8 {
-    let code = run_inner(locker, &args).await;
+    let take = match (args.permits, args.shared) {
+        (Some(n), _) => Take::Permits(n),
+        (None, true) => Take::Shared,
+        (None, false) => Take::Lock,
+    };
+    supervised(locker, &args.common, &take).await
+}
+
+/// Runs the command while leading the election; returns the exit code.
+pub(crate) async fn elect(locker: Locker, args: ElectArgs) -> u8 {
+    supervised(locker, &args.common, &Take::Elect(args.value)).await
+}
+
+/// Runs the command under what `take` says; returns the exit code.
+async fn supervised(locker: Locker, args: &Common, take: &Take) -> u8 {
+    let code = run_inner(locker, args, take).await;
     // Undo what a dropped acquisition or guard left, before the runtime goes.
     distlock::cleanup::flush(FLUSH).await;
     code
 }
 
-async fn run_inner(locker: Locker, args: &Args) -> u8 {
+async fn run_inner(locker: Locker, args: &Common, take: &Take) -> u8 {
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
@@ -125,21 +182,28 @@ async fn run_inner(locker: Locker, args: &Args) -> u8 {
         (false, None) => Wait::Forever,
     };
     let opts = LockOptions::new().ttl(args.ttl).wait(wait);
-    let take = async {
-        match (args.permits, args.shared) {
-            (Some(n), _) => {
-                let sem = Semaphore::new(&locker, &args.name, n)?;
+    let taking = async {
+        match take {
+            Take::Permits(n) => {
+                let sem = Semaphore::new(&locker, &args.name, *n)?;
                 Ok(sem.acquire(&opts).await?.map(Permit::into_guard))
             }
-            (None, true) => {
+            Take::Shared => {
                 let rw = RwLock::new(&locker, &args.name)?;
                 Ok(rw.read(&opts).await?.map(ReadGuard::into_guard))
             }
-            (None, false) => locker.acquire(&args.name, &opts).await,
+            Take::Elect(value) => {
+                let election = Election::new(&locker, &args.name)?;
+                Ok(election
+                    .campaign_with(value, &opts)
+                    .await?
+                    .map(Leadership::into_guard))
+            }
+            Take::Lock => locker.acquire(&args.name, &opts).await,
         }
     };
     let acquired = tokio::select! {
-        r = take => r,
+        r = taking => r,
         sig = signals.recv() => {
             // Dropping the acquisition undoes it (flushed before exit).
             eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name);
@@ -149,17 +213,21 @@ async fn run_inner(locker: Locker, args: &Args) -> u8 {
     let guard = match acquired {
         Ok(Some(g)) => g,
         Ok(None) => {
-            match args.permits {
-                None if args.shared => eprintln!(
+            match take {
+                Take::Shared => eprintln!(
                     "distlock: a writer holds {:?} or waits for it; not running the command",
                     args.name
                 ),
-                None => eprintln!(
+                Take::Lock => eprintln!(
                     "distlock: {:?} is held by another owner; not running the command",
                     args.name
                 ),
-                Some(n) => eprintln!(
+                Take::Permits(n) => eprintln!(
                     "distlock: all {n} permits of {:?} are held; not running the command",
+                    args.name
+                ),
+                Take::Elect(_) => eprintln!(
+                    "distlock: another candidate leads {:?}; not running the command",
                     args.name
                 ),
             }
@@ -175,7 +243,7 @@ async fn run_inner(locker: Locker, args: &Args) -> u8 {
         }
     };
     tracing::info!(name = %args.name, fence = ?guard.fence(), "lock acquired");
-    let code = under_lease(&guard, args, &mut signals).await;
+    let code = under_lease(&guard, args, take, &mut signals).await;
     if let Err(e) = guard.release().await {
         if code != args.lost_exit_code {
             eprintln!("distlock: the command finished but {e}");
@@ -264,7 +332,7 @@ struct Supervisor {
 /// Starts the supervisor (the command waits for its first message) and
 /// takes its connection on a socket in a private directory; the error is
 /// the exit code, after a message.
-async fn start_supervisor(guard: &LockGuard, args: &Args) -> Result<Supervisor, u8> {
+async fn start_supervisor(guard: &LockGuard, args: &Common, take: &Take) -> Result<Supervisor, u8> {
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         eprintln!("distlock: {what}: {e}");
         exit::SOFTWARE
@@ -296,11 +364,8 @@ async fn start_supervisor(guard: &LockGuard, args: &Args) -> Result<Supervisor, 
             .env("DISTLOCK_NAME", &args.name)
             .process_group(0);
         // A permit's or a reader's token is one slot's: not a fence for the
-        // resource, so none is exported then.
-        match guard
-            .fence()
-            .filter(|_| args.permits.is_none() && !args.shared)
-        {
+        // resource, so none is exported then. A leader's is its term.
+        match guard.fence().filter(|_| take.exports_fence()) {
             Some(f) => command.env("DISTLOCK_FENCE", f.to_string()),
             None => command.env_remove("DISTLOCK_FENCE"),
         };
@@ -350,13 +415,13 @@ async fn start_supervisor(guard: &LockGuard, args: &Args) -> Result<Supervisor, 
 
 /// Runs the command under its supervisor while the lease lives; returns
 /// the exit code.
-async fn under_lease(guard: &LockGuard, args: &Args, signals: &mut Signals) -> u8 {
+async fn under_lease(guard: &LockGuard, args: &Common, take: &Take, signals: &mut Signals) -> u8 {
     let Supervisor {
         mut child,
         group,
         mut conn,
         foreground,
-    } = match start_supervisor(guard, args).await {
+    } = match start_supervisor(guard, args, take).await {
         Ok(s) => s,
         Err(code) => return code,
     };
