@@ -231,7 +231,7 @@ impl Backend for RedisBackend {
                         keys,
                         token,
                         self.server.clone(),
-                        req.value.is_some(),
+                        req.value.map(|_| fence),
                     )),
                     fence: Some(fence),
                     valid_until: validity_deadline(sent, req.ttl),
@@ -258,22 +258,33 @@ impl Backend for RedisBackend {
     /// Cancel safe: it only reads.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let keys = Keys::new(&self.cfg.prefix, name);
-        let (owner, pttl, fence, value): (Option<String>, i64, Option<u64>, Option<String>) = self
-            .conn
-            .script(&INSPECT, &[&keys.lock, &keys.fence, &keys.value], &[])
-            .await
-            .map_err(|e| map_err(e, "inspect", &self.server, false))?;
+        let (owner, pttl, counter, value): (Option<String>, i64, Option<u64>, Option<Vec<u8>>) =
+            self.conn
+                .script(&INSPECT, &[&keys.lock, &keys.fence, &keys.value], &[])
+                .await
+                .map_err(|e| map_err(e, "inspect", &self.server, false))?;
         let holder = owner.map(|o| {
             let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
             // The value key names the lease it belongs to: a stale one (of
-            // an earlier leader) is not this holder's.
-            let value = value
-                .as_deref()
-                .and_then(|v| v.split_once(' '))
-                .filter(|(token, _)| *token == o)
-                .map(|(_, v)| v.to_owned());
-            HolderInfo::new(Some(o.clone()), fence, ttl).with_value(value)
+            // an earlier leader) is not this holder's. Its token is the
+            // holder's even when the counter has expired.
+            let carried = value.as_deref().and_then(|v| parse_value(v, &o));
+            let fence = carried.as_ref().map_or(counter, |c| Some(c.0));
+            HolderInfo::new(Some(o.clone()), fence, ttl).with_value(carried.map(|c| c.1))
         });
         Ok(Some(LockInfo::new(holder, None)))
     }
+}
+
+/// The fencing token and value of a value key (`"<token> <fence> <value>"`)
+/// when it belongs to `holder`; `None` for another lease's, or for a value
+/// this backend did not write.
+fn parse_value(raw: &[u8], holder: &str) -> Option<(u64, String)> {
+    let raw = String::from_utf8_lossy(raw);
+    let mut parts = raw.splitn(3, ' ');
+    let (token, fence, value) = (parts.next()?, parts.next()?, parts.next()?);
+    if token != holder {
+        return None;
+    }
+    Some((fence.parse().ok()?, value.to_owned()))
 }

@@ -7,7 +7,7 @@ use lockcore::backend::prelude::*;
 
 use crate::conn::Conn;
 use crate::error::map_err;
-use crate::scripts::{ttl_ms, Keys, RELEASE, RENEW, RENEW_WITH_VALUE};
+use crate::scripts::{ttl_ms, Keys, FENCE_KEEP, RELEASE, RENEW, RENEW_WITH_VALUE};
 
 /// Compare-and-delete with `token`, and a wake-up on the release channel:
 /// the cleanup of an acquisition that may have applied.
@@ -27,8 +27,9 @@ pub(crate) struct RedisLease {
     keys: Keys,
     token: String,
     server: String,
-    /// Whether the lease carries a value key, renewed beside the lock key.
-    with_value: bool,
+    /// For a lease that carries a value key (renewed beside the lock key):
+    /// its fencing token, which the renewal keeps the counter at.
+    with_value: Option<u64>,
 }
 
 impl RedisLease {
@@ -37,7 +38,7 @@ impl RedisLease {
         keys: Keys,
         token: String,
         server: String,
-        with_value: bool,
+        with_value: Option<u64>,
     ) -> Self {
         RedisLease {
             conn,
@@ -61,16 +62,18 @@ impl BackendLease for RedisLease {
         let sent = Instant::now();
         let ttl_arg = ttl_ms(ttl);
         let args = [self.token.as_str(), ttl_arg.as_str()];
-        let renewing = if self.with_value {
-            self.conn
-                .script(
-                    &RENEW_WITH_VALUE,
-                    &[&self.keys.lock, &self.keys.value],
-                    &args,
-                )
-                .await
-        } else {
-            self.conn.script(&RENEW, &[&self.keys.lock], &args).await
+        let renewing = match self.with_value {
+            Some(fence) => {
+                let (keep, fence) = (ttl_ms(FENCE_KEEP), fence.to_string());
+                self.conn
+                    .script(
+                        &RENEW_WITH_VALUE,
+                        &[&self.keys.lock, &self.keys.value, &self.keys.fence],
+                        &[args[0], args[1], &keep, &fence],
+                    )
+                    .await
+            }
+            None => self.conn.script(&RENEW, &[&self.keys.lock], &args).await,
         };
         let r: i64 =
             renewing.map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;

@@ -35,8 +35,9 @@ return {0, redis.call('PTTL', KEYS[1])}",
 });
 
 /// [`ACQUIRE`] for a lease that carries a value (an election's candidate):
-/// on success also `SET value-key "<token> <value>" PX ttl`, so the value
-/// lives as long as the lease and names its owner. `ARGV[4]` is the value.
+/// on success also `SET value-key "<token> <fence> <value>" PX ttl`, so the
+/// value lives as long as the lease and names its owner and token.
+/// `ARGV[4]` is the value.
 pub(crate) static ACQUIRE_VALUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -44,7 +45,7 @@ pub(crate) static ACQUIRE_VALUE: LazyLock<Script> = LazyLock::new(|| {
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now)
   redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. ARGV[4], 'PX', ARGV[2])
+  redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[4], 'PX', ARGV[2])
   return {1, fence}
 end
 return {0, redis.call('PTTL', KEYS[1])}",
@@ -71,13 +72,23 @@ return 0",
     )
 });
 
-/// [`RENEW`] for a lease that carries a value: the value key gets the
-/// same expiry. 1 or 0.
+/// [`RENEW`] for a lease that carries a value (keys: lock, value, fence;
+/// arguments: token, ttl, [`FENCE_KEEP`], the lease's token): the value key
+/// gets the lock key's expiry, and the fencing counter is kept at least at
+/// the lease's token for [`FENCE_KEEP`] more, so a leader that holds for
+/// hours keeps its counter. 1 or 0.
 pub(crate) static RENEW_WITH_VALUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local r = redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local c = tonumber(redis.call('GET', KEYS[3])) or 0
+  if c < tonumber(ARGV[4]) then
+    redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[3])
+  else
+    redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  end
+  return r
 end
 return 0",
     )
@@ -113,7 +124,7 @@ return 0",
 });
 
 /// Holder token, its pttl, the last fencing token issued, and the value
-/// key (`"<token> <value>"`, the value of the lease whose token it names).
+/// key (`"<token> <fence> <value>"`, of the lease whose token it names).
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3])}",

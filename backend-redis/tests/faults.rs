@@ -464,6 +464,53 @@ async fn fence_counters_expire(ctx: Ctx) {
     );
 }
 
+/// A leader holding past the fencing counter's hour (its key gone, as it
+/// is an hour after the last acquisition) is still named with its own
+/// term, and renewing puts the counter back.
+async fn leader_term_outlives_the_counter(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let other = ctx.locker().await;
+    let name = ctx.name("term");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait(Wait::Try);
+    let leading = lockcore::Election::new(&l, &name)
+        .expect("election")
+        .campaign_with("a", &opts)
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let key = format!("{}:fence", lockcore_redis::lock_key("lock:", &name));
+    let client = redis::Client::open(ctx.config.as_str()).expect("url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection");
+    let _: i64 = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    let watcher = lockcore::Election::new(&other, &name).expect("election");
+    let seen = watcher.leader().await.expect("leader").expect("a leader");
+    assert_eq!(seen.term, leading.term(), "the leader's term as observed");
+    // A renewal (every ttl/3) keeps the counter again.
+    until("the counter is back", Duration::from_secs(5), || {
+        let mut c = c.clone();
+        let key = key.clone();
+        async move {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .expect("PTTL");
+            pttl > 0
+        }
+    })
+    .await;
+    leading.resign().await.expect("resign");
+}
+
 /// An acquire whose script fails after its `SET NX` applied (here: a
 /// foreign value of another type where the fencing counter lives) is an
 /// error and leaves no lock key behind: the name is not blocked for a ttl.
@@ -718,6 +765,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("failed_acquire_script_leaves_no_key", |ctx| {
             Box::pin(failed_acquire_script_leaves_no_key(ctx))
+        })
+        .case("leader_term_outlives_the_counter", |ctx| {
+            Box::pin(leader_term_outlives_the_counter(ctx))
         })
         .case("fence_counters_expire", |ctx| {
             Box::pin(fence_counters_expire(ctx))

@@ -1,6 +1,6 @@
 //! Workloads for benchmarks, shared by every backend's bench and by
 //! `distlock bench` (feature `bench`): uncontended pairs, contended
-//! hand-offs, many leases held.
+//! hand-offs, many leases held, semaphore permits and read-write hand-offs.
 //!
 //! They measure through the full [`Locker`] path (validation, reentrancy
 //! map, watchdog, guard), as an application uses it.
@@ -8,8 +8,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::future::{BoxFuture, FutureExt};
+
 use crate::sync::lock;
-use crate::{LockOptions, Locker, Wait};
+use crate::{LockOptions, Locker, RwLock, Semaphore, Wait};
 
 /// The runtime benchmarks run on: multi-threaded, two workers (the
 /// machine's cores), timers and I/O on.
@@ -68,6 +70,29 @@ pub async fn uncontended(
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
+/// A release to run: what a [`Take`] returns with what it took.
+pub type Release = BoxFuture<'static, crate::Result<()>>;
+
+/// One contender's way to take the contended thing with the options given
+/// (a lock, a read or write lock): its release, or `None` when the wait
+/// ended without it.
+pub type Take =
+    Arc<dyn Fn(LockOptions) -> BoxFuture<'static, crate::Result<Option<Release>>> + Send + Sync>;
+
+/// A [`Take`] of lock `name` through `locker`.
+pub fn take_lock(locker: Locker, name: &str) -> Take {
+    let name = name.to_owned();
+    Arc::new(move |opts| {
+        let (l, name) = (locker.clone(), name.clone());
+        async move {
+            Ok(l.acquire(&name, &opts)
+                .await?
+                .map(|g| -> Release { Box::pin(g.release()) }))
+        }
+        .boxed()
+    })
+}
+
 /// Hand-off latencies (release sent → next holder acquired) with one client
 /// per `lockers` entry contending for `name` for `run`. A client that
 /// released waits for the next holder before contending again, so every
@@ -77,25 +102,93 @@ pub async fn handoffs(
     name: &str,
     run: Duration,
 ) -> crate::Result<Vec<Duration>> {
+    handoffs_of(
+        lockers.into_iter().map(|l| take_lock(l, name)).collect(),
+        run,
+    )
+    .await
+}
+
+/// Reader/writer hand-off latencies on read-write lock `name`: one writer
+/// (through `writer`) and one reader (through `reader`) take turns for
+/// `run`, each waiting while the other holds, as in [`handoffs`].
+///
+/// # Errors
+///
+/// An invalid name; the first error of an acquisition or release.
+pub async fn rw_handoffs(
+    writer: &Locker,
+    reader: &Locker,
+    name: &str,
+    run: Duration,
+) -> crate::Result<Vec<Duration>> {
+    let (w, r) = (RwLock::new(writer, name)?, RwLock::new(reader, name)?);
+    let write: Take = Arc::new(move |opts| {
+        let w = w.clone();
+        async move {
+            Ok(w.write(&opts)
+                .await?
+                .map(|g| -> Release { Box::pin(g.release()) }))
+        }
+        .boxed()
+    });
+    let read: Take = Arc::new(move |opts| {
+        let r = r.clone();
+        async move {
+            Ok(r.read(&opts)
+                .await?
+                .map(|g| -> Release { Box::pin(g.release()) }))
+        }
+        .boxed()
+    });
+    handoffs_of(vec![write, read], run).await
+}
+
+/// Permits acquired and released per second by one task on a semaphore of
+/// `permits` on `name` (uncontended: every attempt finds a free permit).
+///
+/// # Errors
+///
+/// An invalid name or count; the first error of an acquisition or release.
+pub async fn permit_pairs(
+    locker: &Locker,
+    name: &str,
+    permits: u32,
+    run: Duration,
+) -> crate::Result<f64> {
+    let sem = Semaphore::new(locker, name, permits)?;
+    let start = Instant::now();
+    let until = start + run;
+    let mut n = 0u64;
+    while Instant::now() < until {
+        if let Some(p) = sem.try_acquire().await? {
+            p.release().await?;
+            n += 1;
+        }
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Hand-off latencies among `contenders` (see [`handoffs`]).
+///
+/// # Errors
+///
+/// The first error of an acquisition or release.
+pub async fn handoffs_of(contenders: Vec<Take>, run: Duration) -> crate::Result<Vec<Duration>> {
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let turn = Arc::new(tokio::sync::watch::channel(0u64).0);
     let until = Instant::now() + run;
     let mut tasks = Vec::new();
-    for l in lockers {
-        let (name, released_at, samples, turn) = (
-            name.to_owned(),
-            released_at.clone(),
-            samples.clone(),
-            turn.clone(),
-        );
+    for take in contenders {
+        let (released_at, samples, turn) = (released_at.clone(), samples.clone(), turn.clone());
         tasks.push(tokio::spawn(async move {
             let mut seen = turn.subscribe();
             while Instant::now() < until {
                 let opts = LockOptions::new()
                     .wait(Wait::For(until.saturating_duration_since(Instant::now())));
-                let g = match l.acquire(&name, &opts).await {
-                    Ok(Some(g)) => g,
+                let release = match take(opts).await {
+                    Ok(Some(r)) => r,
                     Ok(None) => break,
                     Err(e) if e.kind() == crate::ErrorKind::Timeout => break,
                     Err(e) => return Err(e),
@@ -107,7 +200,7 @@ pub async fn handoffs(
                 turn.send_modify(|n| *n += 1);
                 seen.mark_unchanged();
                 *lock(&released_at) = Some(Instant::now());
-                g.release().await?;
+                release.await?;
                 let _ = tokio::time::timeout(Duration::from_millis(200), seen.changed()).await;
             }
             Ok(())

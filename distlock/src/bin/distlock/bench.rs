@@ -44,6 +44,9 @@ const HELD: usize = 1000;
 /// MySQL's default `max_connections` is 151.
 const HELD_ON_CONNECTIONS: usize = 100;
 
+/// The permits of the semaphore the permit figure is measured on.
+const BENCH_PERMITS: u32 = 4;
+
 fn bar(phase: &str, run: Duration) -> ProgressBar {
     let pb = ProgressBar::new(u64::try_from(run.as_millis()).unwrap_or(u64::MAX));
     if let Ok(style) = ProgressStyle::with_template("{msg:40} [{bar:30}] {elapsed}") {
@@ -93,6 +96,19 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
     pb.finish_and_clear();
     let handoffs_per_s = lat.len() as f64 / run.as_secs_f64();
 
+    let pb = bar(
+        &format!("semaphore of {BENCH_PERMITS} permits, 1 task"),
+        run,
+    );
+    let permits =
+        workload::permit_pairs(&locker, &format!("{ns}/permits"), BENCH_PERMITS, run).await?;
+    pb.finish_and_clear();
+
+    let pb = bar("read-write lock, 1 writer and 1 reader taking turns", run);
+    let reader = distlock::connect(url).await?;
+    let rw_lat = workload::rw_handoffs(&locker, &reader, &format!("{ns}/rw"), run).await?;
+    pb.finish_and_clear();
+
     let held_n = args.held.unwrap_or(match locker.capabilities().lease {
         LeaseKind::Connection => HELD_ON_CONNECTIONS,
         _ => HELD,
@@ -107,6 +123,10 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         ms(workload::percentile(&lat, 0.99)),
         ms(workload::percentile(&lat, 1.0)),
     );
+    let (rw50, rw99) = (
+        ms(workload::percentile(&rw_lat, 0.5)),
+        ms(workload::percentile(&rw_lat, 0.99)),
+    );
     let cpu_pct = 100.0 * held.cpu.as_secs_f64() / held.wall.as_secs_f64().max(1e-9);
     if args.json {
         let out = json!({
@@ -120,6 +140,10 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
             "handoffs": lat.len(),
             "handoffs_per_s": handoffs_per_s,
             "handoff_latency_ms": { "p50": p50, "p99": p99, "max": max },
+            "semaphore_permits": BENCH_PERMITS,
+            "semaphore_1_task_permits_per_s": permits,
+            "rw_handoffs": rw_lat.len(),
+            "rw_handoff_latency_ms": { "p50": rw50, "p99": rw99 },
             "held": { "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
                       "rss_added_kib": held.rss_added_kib, "cpu_s": held.cpu.as_secs_f64(), "cpu_percent": cpu_pct },
         });
@@ -139,6 +163,11 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         args.contenders
     );
     println!("| hand-off latency p50 / p99 / max | {p50:.3} / {p99:.3} / {max:.3} ms |");
+    println!(
+        "| semaphore of {BENCH_PERMITS} permits, acquire+release, 1 task | {permits:.0} permits/s ({:.2}× the lock's 1-task pairs) |",
+        permits / one.max(1e-9)
+    );
+    println!("| read-write hand-off (writer ↔ reader) p50 / p99 | {rw50:.3} / {rw99:.3} ms |");
     println!(
         "| {} leases held with renewal (ttl {:?}) | +{} KiB resident, {:.2}% CPU{} |",
         held.leases,
