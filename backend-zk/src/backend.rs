@@ -369,27 +369,37 @@ impl Backend for ZkBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let session = self.session(lockcore::DEFAULT_TTL).await?;
         let parent = self.lock_parent(name);
-        let queue = recipe::contenders(list(&session, &parent).await?);
-        let Some(first) = queue.first() else {
-            return Ok(Some(LockInfo::new(None, Some(0))));
-        };
-        // The node's data is a candidate's value, or the owner token of a
-        // plain lock of ours (not a value), or what another client wrote
-        // (Curator writes the host address).
-        let (value, fence) = match data_of(&session, &format!("{parent}/{}", first.name)).await? {
-            Some((data, czxid)) => (
-                Some(String::from_utf8_lossy(&data).into_owned())
-                    .filter(|v| !is_own_token(&first.name, v)),
-                u64::try_from(czxid).ok(),
-            ),
-            None => (None, None),
-        };
-        Ok(Some(LockInfo::new(
-            Some(HolderInfo::new(Some(first.name.clone()), fence, None).with_value(value)),
-            Some(queue.len() - 1),
-        )))
+        // The first node may go between the listing and its read (a
+        // release): list again, so a holder that is gone is never named.
+        for _ in 0..INSPECT_ROUNDS {
+            let queue = recipe::contenders(list(&session, &parent).await?);
+            let Some(first) = queue.first() else {
+                return Ok(Some(LockInfo::new(None, Some(0))));
+            };
+            let Some((data, czxid)) =
+                data_of(&session, &format!("{parent}/{}", first.name)).await?
+            else {
+                continue;
+            };
+            // The node's data is a candidate's value, or the owner token of
+            // a plain lock of ours (not a value), or what another client
+            // wrote (Curator writes the host address).
+            let value = Some(String::from_utf8_lossy(&data).into_owned())
+                .filter(|v| !is_own_token(&first.name, v));
+            let holder = HolderInfo::new(Some(first.name.clone()), u64::try_from(czxid).ok(), None)
+                .with_value(value);
+            return Ok(Some(LockInfo::new(Some(holder), Some(queue.len() - 1))));
+        }
+        Err(Error::unavailable(
+            NAME,
+            format!("the holder of {parent} changed under each of {INSPECT_ROUNDS} reads"),
+        ))
     }
 }
+
+/// How often `inspect` lists again when the first node went before it was
+/// read.
+const INSPECT_ROUNDS: usize = 8;
 
 /// Whether `data` is the owner token our plain lock writes into node
 /// `node` (`_c_<the token as a uuid>-lock-<seq>`).

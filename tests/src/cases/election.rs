@@ -264,3 +264,53 @@ pub async fn election_revoked_leader_is_lost(ctx: Ctx) {
     }
     second.resign().await.unwrap();
 }
+
+/// While leadership passes back and forth, an observer asking all the time
+/// only ever names a candidate that campaigned, with a term.
+pub async fn election_observers_never_name_a_vanished_leader(ctx: Ctx) {
+    const HANDOVERS: usize = 20;
+    let name = ctx.name("elect-vanish");
+    let (a, b, c) = (ctx.locker().await, ctx.locker().await, ctx.locker().await);
+    let watcher = election(&c, &name);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let observing = {
+        let stop = stop.clone();
+        let fencing = ctx.caps.has_fencing();
+        tokio::spawn(async move {
+            let mut seen = 0;
+            while !stop.load(Ordering::SeqCst) {
+                if let Some(l) = watcher.leader().await.expect("leader") {
+                    assert!(
+                        l.value == "a" || l.value == "b",
+                        "an observer named {l:?}, no candidate's value"
+                    );
+                    assert!(!fencing || l.term.is_some(), "a leader without a term");
+                    seen += 1;
+                }
+                // The memory backend answers without yielding.
+                tokio::task::yield_now().await;
+            }
+            seen
+        })
+    };
+    let (ea, eb) = (election(&a, &name), election(&b, &name));
+    let mut leading = ea.campaign("a").await.unwrap();
+    for i in 0..HANDOVERS {
+        let next = if i % 2 == 0 { eb.clone() } else { ea.clone() };
+        let value = if i % 2 == 0 { "b" } else { "a" };
+        let waiting = tokio::spawn(async move { next.campaign(value).await });
+        until_waiters(&c, &name, 1).await;
+        leading.resign().await.unwrap();
+        leading = tokio::time::timeout(SLACK * 2, waiting)
+            .await
+            .expect("the waiting candidate leads")
+            .expect("task")
+            .expect("campaign");
+    }
+    leading.resign().await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    assert!(
+        observing.await.expect("observer") > 0,
+        "the observer saw no leader"
+    );
+}

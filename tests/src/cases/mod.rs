@@ -144,6 +144,10 @@ pub fn cases() -> Vec<Case> {
             unless_values
         ),
         case!(election::election_value_too_long_is_refused, unless_values),
+        case!(
+            election::election_observers_never_name_a_vanished_leader,
+            unless_values
+        ),
         case!(election::election_revoked_leader_is_lost, |c| {
             unless_values(c).or_else(|| unless_revoke(c))
         }),
