@@ -464,30 +464,45 @@ impl Backend for EtcdBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let range = range_of(&self.inner.prefix, name);
         let mut kv = self.inner.client.kv_client();
-        let opts = GetOptions::new()
+        // The holder's key with its value, and the number of keys: one
+        // read, which fetches no waiter's value.
+        let first = GetOptions::new()
             .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let count = GetOptions::new().with_prefix().with_count_only();
+        let txn = Txn::new().and_then([
+            TxnOp::get(range.clone(), Some(first)),
+            TxnOp::get(range.clone(), Some(count)),
+        ]);
         let resp = self
             .request(
                 self.inner.request_timeout,
                 "reading the lock keys",
                 false,
-                kv.get(range.clone(), Some(opts)),
+                kv.txn(txn),
             )
             .await?;
-        let kvs = resp.kvs();
-        let holder = kvs.first().map(|kv| {
-            let owner = String::from_utf8_lossy(kv.key())
-                .strip_prefix(range.as_str())
-                .map(str::to_owned);
-            HolderInfo::new(owner, u64::try_from(kv.create_revision()).ok(), None).with_value(
-                // A plain lock's key is empty, as concurrency.Mutex's.
-                Some(String::from_utf8_lossy(kv.value()).into_owned()).filter(|v| !v.is_empty()),
-            )
-        });
-        Ok(Some(LockInfo::new(
-            holder,
-            Some(kvs.len().saturating_sub(1)),
-        )))
+        let (mut holder, mut keys) = (None, 0usize);
+        for (i, op) in resp.op_responses().iter().enumerate() {
+            let etcd_client::TxnOpResponse::Get(g) = op else {
+                continue;
+            };
+            if i == 0 {
+                holder = g.kvs().first().map(|kv| {
+                    let owner = String::from_utf8_lossy(kv.key())
+                        .strip_prefix(range.as_str())
+                        .map(str::to_owned);
+                    // A plain lock's key is empty, as concurrency.Mutex's.
+                    let value = Some(String::from_utf8_lossy(kv.value()).into_owned())
+                        .filter(|v| !v.is_empty());
+                    HolderInfo::new(owner, u64::try_from(kv.create_revision()).ok(), None)
+                        .with_value(value)
+                });
+            } else {
+                keys = usize::try_from(g.count()).unwrap_or(usize::MAX);
+            }
+        }
+        Ok(Some(LockInfo::new(holder, Some(keys.saturating_sub(1)))))
     }
 }

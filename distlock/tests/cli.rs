@@ -459,9 +459,27 @@ async fn elect_and_leader(ctx: Ctx) {
         .expect("free");
     let line = next_line(&mut lines).await;
     assert!(line.ends_with(" host-c"), "{line}");
-    signal(watch.id().unwrap(), nix::sys::signal::Signal::SIGINT);
-    assert!(watch.wait().await.unwrap().success());
+    signal(watch.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        watch.wait().await.unwrap().success(),
+        "SIGTERM ends --watch"
+    );
+    // A reader that goes away (`| head -1`) ends --watch quietly.
+    let mut watch = distlock(&ctx)
+        .args(["leader", "--watch", &name])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
+    assert!(next_line(&mut lines).await.ends_with(" host-c"));
+    drop(lines);
     ours.resign().await.unwrap();
+    let st = tokio::time::timeout(Duration::from_secs(20), watch.wait())
+        .await
+        .expect("--watch ends once its output is closed")
+        .unwrap();
+    assert!(st.success(), "--watch with its output closed: {st}");
 }
 
 /// The next line a child prints, within 20 s.

@@ -18,9 +18,10 @@
 //!
 //! **Observing.** [`Election::leader`] asks the server who leads now.
 //! [`Observer::changed`] reports each change it sees, asking every
-//! [`Observer::every`] (100 ms by default): a leadership shorter than that
-//! can be missed, which the terms show (the next term seen is not the next
-//! one issued, on backends whose terms count by one).
+//! [`Observer::every`] (100 ms by default): it follows the leader, not
+//! every leadership. One shorter than the interval can be missed, and
+//! since terms are fencing tokens, which rise but skip values, a missed
+//! one does not show as a gap.
 //!
 //! **Reentrancy.** None: every campaign is a new owner, so a second campaign
 //! from the same process waits behind the first like any other.

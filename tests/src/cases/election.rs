@@ -193,7 +193,8 @@ pub async fn election_dropped_campaigns_leave_nothing(ctx: Ctx) {
         .expect("leads");
     let eb = election(&b, &name);
     let opts = LockOptions::new().wait(Wait::For(Duration::from_millis(500)));
-    assert!(eb.campaign_with("b", &opts).await.is_err(), "timed out");
+    let e = eb.campaign_with("b", &opts).await.expect_err("timed out");
+    assert_eq!(e.kind(), lockcore::ErrorKind::Timeout, "{e}");
     for ms in [0, 50, 300] {
         let _ = tokio::time::timeout(Duration::from_millis(ms), eb.campaign("b")).await;
     }
@@ -225,8 +226,8 @@ pub async fn election_value_too_long_is_refused(ctx: Ctx) {
     assert_eq!(election(&l, &name).leader().await.unwrap(), None);
 }
 
-/// A leader whose lease the server takes away gets its lost signal, and a
-/// waiting candidate leads with a larger term: observers then name it.
+/// A leader whose lease the server takes away gets its lost signal, and
+/// the next candidate leads with a larger term: observers then name it.
 pub async fn election_revoked_leader_is_lost(ctx: Ctx) {
     let name = ctx.name("elect-revoked");
     let (a, b, c) = (ctx.locker().await, ctx.locker().await, ctx.locker().await);
@@ -237,9 +238,6 @@ pub async fn election_revoked_leader_is_lost(ctx: Ctx) {
         .await
         .unwrap()
         .expect("leads");
-    let eb = election(&b, &name);
-    let waiting = tokio::spawn(async move { eb.campaign("second").await });
-    until_waiters(&c, &name, 1).await;
     assert!(
         ctx.harness.revoke(&name).await.expect("revoke"),
         "revoke found nothing held"
@@ -248,10 +246,11 @@ pub async fn election_revoked_leader_is_lost(ctx: Ctx) {
         .await
         .expect("lost fires once the lease is gone on the server");
     assert!(!first.is_leader());
-    let second = tokio::time::timeout(SLACK * 2, waiting)
+    // (A harness may revoke every lease on the name, a waiter's too: the
+    // next candidate comes after the revocation.)
+    let second = tokio::time::timeout(SLACK * 2, election(&b, &name).campaign("second"))
         .await
-        .expect("the waiting candidate leads")
-        .expect("task")
+        .expect("the next candidate leads")
         .expect("campaign");
     let seen = election(&c, &name)
         .leader()

@@ -17,13 +17,14 @@ pub(crate) const NOT_STARTED: u8 = 127;
 
 /// The exit codes, for `--help`.
 pub(crate) const HELP: &str = "\
-Exit codes:
+Exit codes (`elect` as `run`, with leadership for the lock):
   run      the command's own exit status (128+N when it was killed by signal N)
   75       run: the lock was held and could not be had within --wait (or at once with --no-wait); nothing was run
   76       run: the lease was lost while the command ran; the command got SIGTERM, then SIGKILL after --grace
            (at once once the lease's validity ran out: the command never runs without a live lease)
   129-143  run: SIGHUP, SIGINT or SIGTERM came while waiting for the lock; nothing was run
-  64       bad arguments, lock name or backend URL
+  0        leader: printed (--watch: ended by SIGINT, SIGTERM or SIGHUP, or its output was closed)
+  64       bad arguments, lock name or backend URL (and elect/leader on a backend with no leader election)
   69       the backend's server is unavailable
   70       any other error
   127      run: the command could not be started

@@ -21,15 +21,36 @@ pub(crate) struct Args {
     name: String,
 }
 
-/// One line per observation: `term=<N|-> <value>`, or `none`.
+/// One line per observation: `term=<N|-> <value>` (`term=<N|->` for an
+/// empty value), or `none`. Control characters in the value are escaped
+/// (`\n`), so one observation is always one line.
 fn line(leader: Option<&Leader>) -> String {
     match leader {
         None => "none".to_owned(),
         Some(l) => {
             let term = l.term.map_or_else(|| "-".to_owned(), |t| t.to_string());
-            format!("term={term} {}", l.value)
+            if l.value.is_empty() {
+                return format!("term={term}");
+            }
+            let mut value = String::with_capacity(l.value.len());
+            for c in l.value.chars() {
+                if c.is_control() {
+                    value.extend(c.escape_default());
+                } else {
+                    value.push(c);
+                }
+            }
+            format!("term={term} {value}")
         }
     }
+}
+
+/// Writes one line to stdout; false once stdout is closed (a reader like
+/// `head -1` went away), which ends `--watch` quietly.
+fn say(text: &str) -> bool {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
 }
 
 /// Prints the leader (and, with `--watch`, each change); returns the exit
@@ -45,7 +66,7 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
     if !args.watch {
         return match election.leader().await {
             Ok(l) => {
-                println!("{}", line(l.as_ref()));
+                say(&line(l.as_ref()));
                 0
             }
             Err(e) => {
@@ -54,7 +75,14 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
             }
         };
     }
-    let mut interrupt = match signal(SignalKind::interrupt()) {
+    let signals = (|| {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+        ))
+    })();
+    let (mut int, mut term, mut hup) = match signals {
         Ok(s) => s,
         Err(e) => {
             eprintln!("distlock: cannot listen for signals: {e}");
@@ -65,13 +93,39 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
     loop {
         tokio::select! {
             changed = observer.changed() => match changed {
-                Ok(l) => println!("{}", line(l.as_ref())),
+                Ok(l) => {
+                    if !say(&line(l.as_ref())) {
+                        return 0;
+                    }
+                }
                 Err(e) => {
                     eprintln!("distlock: {e}");
                     return exit::for_error(&e);
                 }
             },
-            _ = interrupt.recv() => return 0,
+            _ = int.recv() => return 0,
+            _ = term.recv() => return 0,
+            _ = hup.recv() => return 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leader(value: &str, term: Option<u64>) -> Leader {
+        Leader {
+            value: value.to_owned(),
+            term,
+        }
+    }
+
+    #[test]
+    fn one_observation_is_one_line() {
+        assert_eq!(line(None), "none");
+        assert_eq!(line(Some(&leader("host-a", Some(7)))), "term=7 host-a");
+        assert_eq!(line(Some(&leader("", None))), "term=-");
+        assert_eq!(line(Some(&leader("a\nb été", Some(1)))), "term=1 a\\nb été");
     }
 }
