@@ -145,7 +145,10 @@ pub async fn rw_handoffs(
 }
 
 /// Permits acquired and released per second by one task on a semaphore of
-/// `permits` on `name` (uncontended: every attempt finds a free permit).
+/// `permits` on `name` (uncontended: every attempt finds a free permit),
+/// and beside it the same task's lock pairs per second on `name/lock`,
+/// measured in alternating thirds of `run` so that both see the same load.
+/// Returns `(permits per second, lock pairs per second)`.
 ///
 /// # Errors
 ///
@@ -155,18 +158,30 @@ pub async fn permit_pairs(
     name: &str,
     permits: u32,
     run: Duration,
-) -> crate::Result<f64> {
+) -> crate::Result<(f64, f64)> {
     let sem = Semaphore::new(locker, name, permits)?;
-    let start = Instant::now();
-    let until = start + run;
-    let mut n = 0u64;
-    while Instant::now() < until {
-        if let Some(p) = sem.try_acquire().await? {
-            p.release().await?;
-            n += 1;
+    let lock_name = format!("{name}/lock");
+    let slice = run / 6;
+    let (mut n_permits, mut t_permits) = (0u64, Duration::ZERO);
+    let (mut n_locks, mut t_locks) = (0u64, Duration::ZERO);
+    for _ in 0..3 {
+        let start = Instant::now();
+        let until = start + slice;
+        while Instant::now() < until {
+            if let Some(p) = sem.try_acquire().await? {
+                p.release().await?;
+                n_permits += 1;
+            }
         }
+        t_permits += start.elapsed();
+        let start = Instant::now();
+        n_locks += pairs(locker, &lock_name, start + slice).await?;
+        t_locks += start.elapsed();
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    Ok((
+        n_permits as f64 / t_permits.as_secs_f64().max(1e-9),
+        n_locks as f64 / t_locks.as_secs_f64().max(1e-9),
+    ))
 }
 
 /// Hand-off latencies among `contenders` (see [`handoffs`]).
