@@ -7,6 +7,16 @@
 //! [`check`](Watched::check) (renew, or raise the lost signal) and puts the
 //! lease back in the queue for the instant the check asks for.
 //!
+//! **Waking the queue's task.** A queue wakes its task when an insert is
+//! due before everything in it, and when a removal empties it: with one
+//! task taking and releasing a lock in a loop, that would be two wake-ups
+//! of the watchdog's task (often on the other worker thread) per lock
+//! cycle. So while leases come and go, the queue holds a tick entry due
+//! within [`TICK`]: a lease's first check comes later than that (a third of
+//! a ttl of at least a second), so inserting it wakes no one, and the tick
+//! keeps the queue from emptying. The tick renews itself while the queue
+//! was used since the last one, and lapses after a quiet [`TICK`].
+//!
 //! The queue knows leases only as [`Watched`]: the renewal policy lives with
 //! the lease state (`held.rs`). Leases keep their watchdog alive (a strong
 //! reference each), so it runs as long as any lease or handle needs it and
@@ -16,7 +26,7 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
@@ -46,17 +56,38 @@ pub(crate) struct Timer {
     key: Mutex<Option<Key>>,
 }
 
+/// How far ahead the tick entry is due (see the module docs).
+pub(crate) const TICK: Duration = Duration::from_millis(200);
+
+/// An entry of the queue.
+enum Entry {
+    /// The tick: keeps the queue from emptying while it is in use.
+    Tick,
+    /// A lease's next check.
+    Lease(Weak<dyn Watched>),
+}
+
+/// The queue and its tick.
+#[derive(Default)]
+struct Queue {
+    entries: DelayQueue<Entry>,
+    /// Whether the tick entry is in the queue.
+    ticking: bool,
+    /// Whether the queue was used since the last tick.
+    used: bool,
+}
+
 /// The timer queue of one backend handle.
 #[derive(Default)]
 pub(crate) struct Watchdog {
-    queue: Mutex<DelayQueue<Weak<dyn Watched>>>,
+    queue: Mutex<Queue>,
     runner: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watchdog")
-            .field("leases", &lock(&self.queue).len())
+            .field("leases", &lock(&self.queue).entries.len())
             .finish()
     }
 }
@@ -66,11 +97,23 @@ impl Watchdog {
     pub(crate) fn schedule(self: &Arc<Self>, item: &Arc<dyn Watched>, at: Instant) {
         {
             let mut queue = lock(&self.queue);
+            queue.used = true;
+            if !queue.ticking {
+                queue.ticking = true;
+                let tick = tokio::time::Instant::now() + TICK;
+                queue.entries.insert_at(Entry::Tick, tick);
+            }
             let at = at.min(item.not_after());
             let mut key = lock(&item.timer().key);
             match key.as_ref() {
-                Some(k) => queue.reset_at(k, at.into()),
-                None => *key = Some(queue.insert_at(Arc::downgrade(item), at.into())),
+                Some(k) => queue.entries.reset_at(k, at.into()),
+                None => {
+                    *key = Some(
+                        queue
+                            .entries
+                            .insert_at(Entry::Lease(Arc::downgrade(item)), at.into()),
+                    );
+                }
             }
         }
         self.ensure_running();
@@ -82,7 +125,7 @@ impl Watchdog {
         // exactly while it is `Some`, under the queue's lock.
         let mut queue = lock(&self.queue);
         if let Some(k) = lock(&timer.key).take() {
-            queue.try_remove(&k);
+            queue.entries.try_remove(&k);
         }
     }
 
@@ -103,19 +146,33 @@ async fn run(watchdog: Weak<Watchdog>) {
                 return Poll::Ready(None);
             };
             let mut queue = lock(&wd.queue);
-            match queue.poll_expired(cx) {
-                // Empty: the next insert wakes this task.
-                Poll::Ready(None) => Poll::Pending,
-                Poll::Ready(Some(expired)) => {
-                    let item = expired.into_inner().upgrade();
-                    if let Some(it) = &item {
-                        // The key is spent: clear it before the queue can
-                        // hand the same key to another item.
-                        *lock(&it.timer().key) = None;
-                    }
-                    Poll::Ready(Some((wd.clone(), item)))
+            loop {
+                match queue.entries.poll_expired(cx) {
+                    // Empty: the next insert wakes this task.
+                    Poll::Ready(None) => return Poll::Pending,
+                    Poll::Ready(Some(expired)) => match expired.into_inner() {
+                        Entry::Tick => {
+                            // Renewed while the queue is in use; a quiet
+                            // tick lapses (the queue may empty then).
+                            if std::mem::take(&mut queue.used) {
+                                let tick = tokio::time::Instant::now() + TICK;
+                                queue.entries.insert_at(Entry::Tick, tick);
+                            } else {
+                                queue.ticking = false;
+                            }
+                        }
+                        Entry::Lease(weak) => {
+                            let item = weak.upgrade();
+                            if let Some(it) = &item {
+                                // The key is spent: clear it before the queue
+                                // can hand the same key to another item.
+                                *lock(&it.timer().key) = None;
+                            }
+                            return Poll::Ready(Some((wd.clone(), item)));
+                        }
+                    },
+                    Poll::Pending => return Poll::Pending,
                 }
-                Poll::Pending => Poll::Pending,
             }
         })
         .await;
