@@ -76,17 +76,21 @@ return 0",
 /// arguments: token, ttl, [`FENCE_KEEP`], the lease's token): the value key
 /// gets the lock key's expiry, and the fencing counter is kept at least at
 /// the lease's token for [`FENCE_KEEP`] more, so a leader that holds for
-/// hours keeps its counter. 1 or 0.
+/// hours keeps its counter (left alone if another client put something
+/// other than a string there: the renewal does not fail for it). 1 or 0.
 pub(crate) static RENEW_WITH_VALUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"if redis.call('GET', KEYS[1]) == ARGV[1] then
   local r = redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  local c = tonumber(redis.call('GET', KEYS[3])) or 0
-  if c < tonumber(ARGV[4]) then
-    redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[3])
-  else
-    redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  local v = redis.pcall('GET', KEYS[3])
+  if type(v) ~= 'table' then
+    local c = tonumber(v) or 0
+    if c < tonumber(ARGV[4]) then
+      redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[3])
+    else
+      redis.call('PEXPIRE', KEYS[3], ARGV[3])
+    end
   end
   return r
 end

@@ -494,21 +494,79 @@ async fn leader_term_outlives_the_counter(ctx: Ctx) {
     let watcher = lockcore::Election::new(&other, &name).expect("election");
     let seen = watcher.leader().await.expect("leader").expect("a leader");
     assert_eq!(seen.term, leading.term(), "the leader's term as observed");
-    // A renewal (every ttl/3) keeps the counter again.
-    until("the counter is back", Duration::from_secs(5), || {
-        let mut c = c.clone();
-        let key = key.clone();
+    let term = leading.term().expect("a term");
+    let counter = |c: &redis::aio::MultiplexedConnection| {
+        let (mut c, key) = (c.clone(), key.clone());
         async move {
+            let v: Option<u64> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .expect("GET");
             let pttl: i64 = redis::cmd("PTTL")
                 .arg(&key)
                 .query_async(&mut c)
                 .await
                 .expect("PTTL");
-            pttl > 0
+            (v, pttl)
         }
+    };
+    // A renewal (every ttl/3) puts the counter back at the leader's term,
+    // kept for the hour.
+    until("the counter is back", Duration::from_secs(5), || async {
+        counter(&c).await.0.is_some()
     })
     .await;
+    let (v, pttl) = counter(&c).await;
+    assert_eq!(v, Some(term), "the counter is the leader's term");
+    assert!(pttl > 3_000_000, "kept for the hour, not {pttl} ms");
+    // A counter above the term is never lowered by a renewal.
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(term + 1000)
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    tokio::time::sleep(Duration::from_millis(800)).await; // two renewals at ttl/3
+    assert_eq!(
+        counter(&c).await.0,
+        Some(term + 1000),
+        "a renewal lowered the counter"
+    );
+    // Something other than a string there does not cost the leadership.
+    let _: i64 = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    let _: i64 = redis::cmd("HSET")
+        .arg(&key)
+        .arg("f")
+        .arg("v")
+        .query_async(&mut c)
+        .await
+        .expect("HSET");
+    tokio::time::sleep(Duration::from_secs(2)).await; // twice the ttl
+    assert!(
+        leading.is_leader(),
+        "renewals failed: {:?}",
+        leading.guard().lost_reason()
+    );
+    must_be_held_here(&other, &name).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
     leading.resign().await.expect("resign");
+}
+
+/// Another client's `try` on `name` fails: it is held on the server.
+async fn must_be_held_here(l: &Locker, name: &str) {
+    assert!(
+        l.try_lock(name).await.expect("try").is_none(),
+        "{name} is not held"
+    );
 }
 
 /// An acquire whose script fails after its `SET NX` applied (here: a

@@ -91,13 +91,13 @@ impl Held {
         } else {
             held.valid_until() + TIMER_SLACK
         };
-        held.schedule(first);
+        held.schedule(first, true);
         held
     }
 
-    fn schedule(self: &Arc<Self>, at: Instant) {
+    fn schedule(self: &Arc<Self>, at: Instant, new: bool) {
         let me: Arc<dyn Watched> = self.clone();
-        self.watchdog.schedule(&me, at);
+        self.watchdog.schedule(&me, at, new);
     }
 
     /// Schedules the next check after `extend` changed the lease (or may
@@ -108,7 +108,7 @@ impl Held {
         } else {
             self.valid_until() + TIMER_SLACK
         };
-        self.schedule(next);
+        self.schedule(next, false);
     }
 
     /// Before a renewal with `ttl` is sent: whatever comes of it (a lost

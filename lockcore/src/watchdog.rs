@@ -14,8 +14,9 @@
 //! cycle. So while leases come and go, the queue holds a tick entry due
 //! within [`TICK`]: a lease's first check comes later than that (a third of
 //! a ttl of at least a second), so inserting it wakes no one, and the tick
-//! keeps the queue from emptying. The tick renews itself while the queue
-//! was used since the last one, and lapses after a quiet [`TICK`].
+//! keeps the queue from emptying. The tick renews itself while leases were
+//! taken since the last one, and lapses after a quiet [`TICK`]; renewals
+//! alone do not keep it.
 //!
 //! The queue knows leases only as [`Watched`]: the renewal policy lives with
 //! the lease state (`held.rs`). Leases keep their watchdog alive (a strong
@@ -87,18 +88,22 @@ pub(crate) struct Watchdog {
 impl std::fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watchdog")
-            .field("leases", &lock(&self.queue).entries.len())
+            .field("entries", &lock(&self.queue).entries.len())
             .finish()
     }
 }
 
 impl Watchdog {
-    /// (Re)schedules the next check of `item` at `at`.
-    pub(crate) fn schedule(self: &Arc<Self>, item: &Arc<dyn Watched>, at: Instant) {
+    /// (Re)schedules the next check of `item` at `at`. `new` is true for a
+    /// lease just taken: that is the queue's use the tick is kept for (a
+    /// renewal's reschedule does not keep it).
+    pub(crate) fn schedule(self: &Arc<Self>, item: &Arc<dyn Watched>, at: Instant, new: bool) {
         {
             let mut queue = lock(&self.queue);
-            queue.used = true;
-            if !queue.ticking {
+            if new {
+                queue.used = true;
+            }
+            if new && !queue.ticking {
                 queue.ticking = true;
                 let tick = tokio::time::Instant::now() + TICK;
                 queue.entries.insert_at(Entry::Tick, tick);
@@ -184,7 +189,7 @@ async fn run(watchdog: Weak<Watchdog>) {
         };
         tokio::spawn(async move {
             if let Some(next) = item.clone().check().await {
-                wd.schedule(&item, next);
+                wd.schedule(&item, next, false);
             }
         });
     }
