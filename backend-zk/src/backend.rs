@@ -369,36 +369,41 @@ impl Backend for ZkBackend {
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let session = self.session(lockcore::DEFAULT_TTL).await?;
         let parent = self.lock_parent(name);
-        // The first node may go between the listing and its read (a
-        // release): list again, so a holder that is gone is never named.
+        // A listed node may go before it is read (a release): the first
+        // listed node that still exists is the holder, since every node
+        // created after the listing sorts after it. Only when all are gone
+        // is the name listed again.
         for _ in 0..INSPECT_ROUNDS {
             let queue = recipe::contenders(list(&session, &parent).await?);
-            let Some(first) = queue.first() else {
+            if queue.is_empty() {
                 return Ok(Some(LockInfo::new(None, Some(0))));
-            };
-            let Some((data, czxid)) =
-                data_of(&session, &format!("{parent}/{}", first.name)).await?
-            else {
-                continue;
-            };
-            // The node's data is a candidate's value, or the owner token of
-            // a plain lock of ours (not a value), or what another client
-            // wrote (Curator writes the host address).
-            let value = Some(String::from_utf8_lossy(&data).into_owned())
-                .filter(|v| !is_own_token(&first.name, v));
-            let holder = HolderInfo::new(Some(first.name.clone()), u64::try_from(czxid).ok(), None)
-                .with_value(value);
-            return Ok(Some(LockInfo::new(Some(holder), Some(queue.len() - 1))));
+            }
+            for (i, node) in queue.iter().enumerate() {
+                let Some((data, czxid)) =
+                    data_of(&session, &format!("{parent}/{}", node.name)).await?
+                else {
+                    continue;
+                };
+                // The node's data is a candidate's value, or the owner token
+                // of a plain lock of ours (not a value), or what another
+                // client wrote (Curator writes the host address).
+                let value = Some(String::from_utf8_lossy(&data).into_owned())
+                    .filter(|v| !is_own_token(&node.name, v));
+                let holder =
+                    HolderInfo::new(Some(node.name.clone()), u64::try_from(czxid).ok(), None)
+                        .with_value(value);
+                return Ok(Some(LockInfo::new(Some(holder), Some(queue.len() - i - 1))));
+            }
         }
-        Err(Error::unavailable(
+        Err(Error::backend_error(
             NAME,
-            format!("the holder of {parent} changed under each of {INSPECT_ROUNDS} reads"),
+            format!("every contender of {parent} was gone by the time it was read, {INSPECT_ROUNDS} times over"),
         ))
     }
 }
 
-/// How often `inspect` lists again when the first node went before it was
-/// read.
+/// How often `inspect` lists again when every listed node went before it
+/// was read.
 const INSPECT_ROUNDS: usize = 8;
 
 /// Whether `data` is the owner token our plain lock writes into node

@@ -277,6 +277,7 @@ pub async fn election_observers_never_name_a_vanished_leader(ctx: Ctx) {
         let fencing = ctx.caps.has_fencing();
         tokio::spawn(async move {
             let mut seen = 0;
+            let mut last: Option<Leader> = None;
             while !stop.load(Ordering::SeqCst) {
                 if let Some(l) = watcher.leader().await.expect("leader") {
                     assert!(
@@ -284,6 +285,15 @@ pub async fn election_observers_never_name_a_vanished_leader(ctx: Ctx) {
                         "an observer named {l:?}, no candidate's value"
                     );
                     assert!(!fencing || l.term.is_some(), "a leader without a term");
+                    if let (true, Some(prev)) = (fencing, &last) {
+                        // One client's reads are ordered: terms never go
+                        // back, and one term is one leader.
+                        assert!(l.term >= prev.term, "{prev:?} then {l:?}");
+                        if l.term == prev.term {
+                            assert_eq!(l.value, prev.value, "one term, two values");
+                        }
+                    }
+                    last = Some(l);
                     seen += 1;
                 }
                 // The memory backend answers without yielding.

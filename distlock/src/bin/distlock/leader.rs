@@ -45,12 +45,42 @@ fn line(leader: Option<&Leader>) -> String {
     }
 }
 
-/// Writes one line to stdout; false once stdout is closed (a reader like
-/// `head -1` went away), which ends `--watch` quietly.
-fn say(text: &str) -> bool {
+/// How writing a line went.
+enum Said {
+    /// Written.
+    Yes,
+    /// Stdout is closed (a reader like `head -1` went away): `--watch`
+    /// ends quietly.
+    Closed,
+    /// Another write error: the exit code, after a message.
+    Failed(u8),
+}
+
+/// Writes one line to stdout.
+fn say(text: &str) -> Said {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Ok(()) => Said::Yes,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Said::Closed,
+        Err(e) => {
+            eprintln!("distlock: writing to stdout: {e}");
+            Said::Failed(exit::SOFTWARE)
+        }
+    }
+}
+
+/// Whether stdout's reader has gone (a pipe's write end reports an error
+/// then), found without writing; false where stdout cannot tell (a file).
+fn reader_gone() -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let out = std::io::stdout();
+    let mut fds = [PollFd::new(out.as_fd(), PollFlags::empty())];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP))
 }
 
 /// Prints the leader (and, with `--watch`, each change); returns the exit
@@ -65,10 +95,10 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
     };
     if !args.watch {
         return match election.leader().await {
-            Ok(l) => {
-                say(&line(l.as_ref()));
-                0
-            }
+            Ok(l) => match say(&line(l.as_ref())) {
+                Said::Yes | Said::Closed => 0,
+                Said::Failed(code) => code,
+            },
             Err(e) => {
                 eprintln!("distlock: {e}");
                 exit::for_error(&e)
@@ -89,23 +119,40 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
             return exit::SOFTWARE;
         }
     };
+    // A signal ends the watch even while a write blocks on a full pipe.
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+        std::process::exit(0);
+    });
+    // A reader that went away ends the watch too, with no change to print
+    // (checked beside the observer, which is never interrupted for it).
+    let every = args.every;
+    tokio::spawn(async move {
+        let mut look = tokio::time::interval(every.max(Duration::from_millis(10)));
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            look.tick().await;
+            if reader_gone() {
+                std::process::exit(0);
+            }
+        }
+    });
     let mut observer = election.observe().every(args.every);
     loop {
-        tokio::select! {
-            changed = observer.changed() => match changed {
-                Ok(l) => {
-                    if !say(&line(l.as_ref())) {
-                        return 0;
-                    }
-                }
-                Err(e) => {
-                    eprintln!("distlock: {e}");
-                    return exit::for_error(&e);
-                }
+        match observer.changed().await {
+            Ok(l) => match say(&line(l.as_ref())) {
+                Said::Yes => {}
+                Said::Closed => return 0,
+                Said::Failed(code) => return code,
             },
-            _ = int.recv() => return 0,
-            _ = term.recv() => return 0,
-            _ = hup.recv() => return 0,
+            Err(e) => {
+                eprintln!("distlock: {e}");
+                return exit::for_error(&e);
+            }
         }
     }
 }
