@@ -9,7 +9,7 @@ use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
 use crate::conn::{self, Conn, Managed};
 use crate::error::map_err;
 use crate::lease::{release, RedisLease};
-use crate::scripts::{ttl_ms, Keys, ACQUIRE, ACQUIRE_VALUE, FENCE_KEEP, INSPECT};
+use crate::scripts::{ttl_ms, Keys, ACQUIRE, FENCE_KEEP, INSPECT};
 use crate::wake::{Subscription, Wakeups};
 
 /// The longest a waiter sleeps between attempts when no wake-up comes (a
@@ -179,22 +179,14 @@ impl Backend for RedisBackend {
                 "compare-and-delete a cut-off acquire",
                 release(self.conn.clone(), keys.clone(), token.clone()),
             );
-            let r: redis::RedisResult<(i64, i64)> = match req.value {
-                None => {
-                    self.conn
-                        .script(&ACQUIRE, &[&keys.lock, &keys.fence], &[&token, &ttl, &keep])
-                        .await
-                }
-                Some(value) => {
-                    self.conn
-                        .script(
-                            &ACQUIRE_VALUE,
-                            &[&keys.lock, &keys.fence, &keys.value],
-                            &[&token, &ttl, &keep, value],
-                        )
-                        .await
-                }
-            };
+            // A value, where the lease carries one, goes to the value key.
+            let all_keys = [keys.lock.as_str(), &keys.fence, &keys.value];
+            let all_args = [token.as_str(), &ttl, &keep, req.value.unwrap_or_default()];
+            let n = if req.value.is_some() { 3 } else { 2 };
+            let r: redis::RedisResult<(i64, i64)> = self
+                .conn
+                .script(&ACQUIRE, &all_keys[..n], &all_args[..=n])
+                .await;
             let (won, value) = match r {
                 Ok(v) => v,
                 Err(e) => {

@@ -19,6 +19,11 @@ pub(crate) const FENCE_KEEP: Duration = Duration::from_secs(3600);
 /// same slot: `max(counter + 1, TIME in µs)`, stored back with a
 /// [`FENCE_KEEP`] expiry. Returns `{1, fence}` or `{0, pttl of the holder}`.
 ///
+/// For a lease that carries a value (an election's candidate), a third key
+/// and a fourth argument, the value: on success it also sets
+/// `value-key "<token> <fence> <value>" PX ttl`, so the value lives as long
+/// as the lease and names its owner and token.
+///
 /// Microseconds since 1970 stay below 2^53 (exact in Lua's doubles) until
 /// the year 2255.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
@@ -28,24 +33,9 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now)
   redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  return {1, fence}
-end
-return {0, redis.call('PTTL', KEYS[1])}",
-    )
-});
-
-/// [`ACQUIRE`] for a lease that carries a value (an election's candidate):
-/// on success also `SET value-key "<token> <fence> <value>" PX ttl`, so the
-/// value lives as long as the lease and names its owner and token.
-/// `ARGV[4]` is the value.
-pub(crate) static ACQUIRE_VALUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now)
-  redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[3])
-  redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[4], 'PX', ARGV[2])
+  if KEYS[3] then
+    redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. string.format('%.0f', fence) .. ' ' .. ARGV[4], 'PX', ARGV[2])
+  end
   return {1, fence}
 end
 return {0, redis.call('PTTL', KEYS[1])}",

@@ -441,13 +441,7 @@ async fn elect_and_leader(ctx: Ctx) {
         .unwrap();
     assert_eq!(st.code(), Some(75), "a second candidate with --no-wait");
     assert!(!ran.exists(), "the second candidate ran");
-    let mut watch = distlock(&ctx)
-        .args(["leader", "--watch", &name])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines =
-        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
+    let (mut watch, mut lines) = watch_leader(&ctx, &name);
     assert_eq!(next_line(&mut lines).await, expected);
     std::fs::write(&gate, b"").unwrap();
     assert!(leading.wait().await.unwrap().success());
@@ -465,13 +459,7 @@ async fn elect_and_leader(ctx: Ctx) {
         "SIGTERM ends --watch"
     );
     // A reader that goes away (`| head -1`) ends --watch quietly.
-    let mut watch = distlock(&ctx)
-        .args(["leader", "--watch", &name])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines =
-        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
+    let (mut watch, mut lines) = watch_leader(&ctx, &name);
     assert!(next_line(&mut lines).await.ends_with(" host-c"));
     // No change comes: it notices without writing.
     drop(lines);
@@ -481,6 +469,24 @@ async fn elect_and_leader(ctx: Ctx) {
         .unwrap();
     assert!(st.success(), "--watch with its output closed: {st}");
     ours.resign().await.unwrap();
+}
+
+/// `distlock leader --watch name`, and the lines it prints.
+fn watch_leader(
+    ctx: &Ctx,
+    name: &str,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    let mut watch = distlock(ctx)
+        .args(["leader", "--watch", name])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = watch.stdout.take().unwrap();
+    let lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(out));
+    (watch, lines)
 }
 
 /// The next line a child prints, within 20 s.
