@@ -346,8 +346,11 @@ impl Backend for Migrating {
     }
 
     /// The holder as the new backend sees it (with the offset applied to
-    /// its token), else as the old backend does (an old-only client); the
-    /// waiters queued on either backend, where both can count them.
+    /// its token), else as the old backend does (an old-only client, or a
+    /// migrating one between its two steps) but without a token: an old
+    /// token is not comparable with the migrating ones, and reporting it
+    /// would show terms going back around every hand-over. The waiters
+    /// queued on either backend, where both can count them.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let (old, new) = tokio::join!(self.old.inspect(name), self.new.inspect(name));
         let (old, new) = (old?, new?);
@@ -359,7 +362,10 @@ impl Backend for Migrating {
             }
             None => None,
         };
-        let old_holder = old.as_ref().and_then(|i| i.holder.clone());
+        let old_holder = old.as_ref().and_then(|i| i.holder.clone()).map(|mut h| {
+            h.fence = None;
+            h
+        });
         // Counted only where both backends can count.
         let waiters = match (
             old.as_ref().and_then(|i| i.waiters),
