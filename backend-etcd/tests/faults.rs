@@ -308,6 +308,17 @@ async fn compaction_during_long_wait(ctx: Ctx) {
     let _ = raw.delete(filler, None).await;
 }
 
+/// `etcdctl <args>` against the target's endpoints, its stdout piped.
+fn etcdctl(ctx: &Ctx, args: &[&str]) -> tokio::process::Child {
+    let mut c = tokio::process::Command::new("etcdctl");
+    c.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", endpoints(ctx).join(",")))
+        .args(args)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    c.spawn().expect("etcdctl runs")
+}
+
 /// `etcdctl lock lockcore/<encoded name>` and this backend exclude each
 /// other, both ways.
 async fn etcdctl_lock_interoperates(ctx: Ctx) {
@@ -315,16 +326,7 @@ async fn etcdctl_lock_interoperates(ctx: Ctx) {
     let name = ctx.name("etcdctl");
     let pfx = lock_range(DEFAULT_PREFIX, &name);
     let pfx = pfx.trim_end_matches('/');
-    let etcdctl = |cmd: &[&str]| {
-        let mut c = tokio::process::Command::new("etcdctl");
-        c.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", endpoints(&ctx).join(",")))
-            .args(["lock", pfx, "--"])
-            .args(cmd)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true);
-        c.spawn().expect("etcdctl runs")
-    };
+    let etcdctl = |cmd: &[&str]| etcdctl(&ctx, &[&["lock", pfx, "--"], cmd].concat());
     // etcdctl holds until `sh` sees the flag file (its stdin is /dev/null).
     let flag = std::env::temp_dir().join(format!("{}.release", pfx.replace('/', "_")));
     let _ = std::fs::remove_file(&flag);
@@ -389,16 +391,7 @@ async fn etcdctl_elect_interoperates(ctx: Ctx) {
     let name = ctx.name("elect");
     let pfx = lock_range(DEFAULT_PREFIX, &name);
     let pfx = pfx.trim_end_matches('/').to_owned();
-    let etcdctl = |args: &[&str]| {
-        let mut c = tokio::process::Command::new("etcdctl");
-        c.env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", endpoints(&ctx).join(",")))
-            .arg("elect")
-            .args(args)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true);
-        c.spawn().expect("etcdctl runs")
-    };
+    let etcdctl = |args: &[&str]| etcdctl(&ctx, &[&["elect"], args].concat());
     let election = lockcore::Election::new(&l, &name).expect("election");
     let watcher = lockcore::Election::new(&other, &name).expect("election");
 

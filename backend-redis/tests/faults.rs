@@ -24,12 +24,17 @@ fn redlock_hosts() -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn raw_get(host: &str, key: &str) -> Option<String> {
-    let client = redis::Client::open(format!("redis://{host}")).expect("url");
-    let mut c = client
+/// A connection of the test's own to the server at `url`.
+async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
         .get_multiplexed_async_connection()
         .await
-        .expect("admin connection");
+        .expect("admin connection")
+}
+
+async fn raw_get(host: &str, key: &str) -> Option<String> {
+    let mut c = admin(&format!("redis://{host}")).await;
     redis::cmd("GET")
         .arg(key)
         .query_async(&mut c)
@@ -39,11 +44,7 @@ async fn raw_get(host: &str, key: &str) -> Option<String> {
 
 /// How many clients the server counts as subscribed to `channel`.
 async fn numsub(url: &str, channel: &str) -> i64 {
-    let client = redis::Client::open(url).expect("url");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection");
+    let mut c = admin(url).await;
     let (_, n): (String, i64) = redis::cmd("PUBSUB")
         .arg("NUMSUB")
         .arg(channel)
@@ -136,11 +137,7 @@ async fn pubsub_recovers_from_a_dead_connection(ctx: Ctx) {
 
     // The server closes every pub/sub connection under the waiting
     // subscription: it must be renewed on a new connection.
-    let client = redis::Client::open(url.as_str()).expect("url");
-    let mut admin = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection");
+    let mut admin = admin(&url).await;
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -207,11 +204,7 @@ async fn redlock_release_unanswered_is_not_lost(ctx: Ctx) {
     );
     // Clean up on the servers.
     for host in redlock_hosts() {
-        let client = redis::Client::open(format!("redis://{host}")).expect("url");
-        let mut c = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("admin");
+        let mut c = admin(&format!("redis://{host}")).await;
         let _: i64 = redis::cmd("DEL")
             .arg(lockcore_redis::lock_key("lock:", &name))
             .query_async(&mut c)
@@ -448,11 +441,7 @@ async fn fence_counters_expire(ctx: Ctx) {
         g.release().await.expect("release");
     }
     let key = format!("{}:fence", lockcore_redis::lock_key("lock:", &name));
-    let client = redis::Client::open(ctx.config.as_str()).expect("url");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection");
+    let mut c = admin(&ctx.config).await;
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&key)
         .query_async(&mut c)
@@ -481,11 +470,7 @@ async fn leader_term_outlives_the_counter(ctx: Ctx) {
         .expect("campaign")
         .expect("leads");
     let key = format!("{}:fence", lockcore_redis::lock_key("lock:", &name));
-    let client = redis::Client::open(ctx.config.as_str()).expect("url");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection");
+    let mut c = admin(&ctx.config).await;
     let _: i64 = redis::cmd("DEL")
         .arg(&key)
         .query_async(&mut c)
@@ -577,11 +562,7 @@ async fn failed_acquire_script_leaves_no_key(ctx: Ctx) {
     let name = ctx.name("wrongtype");
     let lock = lockcore_redis::lock_key("lock:", &name);
     let fence = format!("{lock}:fence");
-    let client = redis::Client::open(ctx.config.as_str()).expect("url");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection");
+    let mut c = admin(&ctx.config).await;
     let _: i64 = redis::cmd("RPUSH")
         .arg(&fence)
         .arg("not a counter")
@@ -651,16 +632,9 @@ async fn replica_sync_guard(ctx: Ctx) {
 /// not fail over to a copy that misses acknowledged writes.
 async fn failover_to_a_lagging_replica_loses_the_lock(ctx: Ctx) {
     let primary = ctx.config.clone();
-    let admin = |url: String| async move {
-        redis::Client::open(url.as_str())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("admin connection")
-    };
     let info: String = redis::cmd("INFO")
         .arg("replication")
-        .query_async(&mut admin(primary.clone()).await)
+        .query_async(&mut admin(&primary).await)
         .await
         .expect("INFO replication");
     let replica = info
@@ -687,7 +661,7 @@ async fn failover_to_a_lagging_replica_loses_the_lock(ctx: Ctx) {
     let primary_host = primary.trim_start_matches("redis://").trim_end_matches('/');
     let routed = proxies.route(primary_host).await.expect("proxy");
     let (host, port) = routed.rsplit_once(':').expect("host:port");
-    let mut r = admin(replica.clone()).await;
+    let mut r = admin(&replica).await;
     let _: () = redis::cmd("REPLICAOF")
         .arg(host)
         .arg(port)
