@@ -3,7 +3,13 @@
 //! Acquire sends `SET NX PX` to every instance in parallel, each bounded by a
 //! per-instance timeout much smaller than the ttl, and succeeds only when a
 //! majority (N/2+1) granted it, with validity = ttl − elapsed − drift
-//! (drift = ttl·1% + 2 ms). A failed attempt is undone on every instance,
+//! (drift = ttl·1% + 2 ms). It returns as soon as a majority granted: the
+//! calls still out finish in the background, and a grant among them is the
+//! lease's like the others (renewed, released). A release likewise returns
+//! once a majority released. Calls to one instance keep their order on its
+//! connection, so a release never overtakes the acquire it undoes. Each
+//! cycle is one plain `SET NX PX` and one compare-and-delete script per
+//! instance. A failed attempt is undone on every instance,
 //! also those that errored or timed out, then retried after a random delay
 //! or a release wake-up. A renewal counts only when a majority renewed;
 //! then an instance that lost the key (restarted without persistence) gets
@@ -20,13 +26,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::backend::prelude::*;
 use lockcore::retry::jitter_between;
 
 use crate::backend::wait_turn;
 use crate::config::{RedisConfig, Topology, NAME};
 use crate::conn::{Conn, Managed};
-use crate::scripts::{ttl_ms, Keys, ACQUIRE_PLAIN, RELEASE, RENEW_OR_MISSING};
+use crate::scripts::{ttl_ms, Keys, RELEASE, RENEW_OR_MISSING};
 use crate::wake::{Subscription, Wakeups};
 
 /// One master: its connection (made in the background, replaced when it
@@ -91,47 +98,116 @@ impl RedLockBackend {
     }
 }
 
-/// Runs `script` on every instance in parallel, each within `limit`.
-/// `Some(reply)` per instance that answered.
-async fn on_all(
-    instances: &[Instance],
-    limit: Duration,
-    script: &redis::Script,
-    key: &str,
-    args: &[&str],
-) -> Vec<Option<(i64, i64)>> {
-    let all: Vec<&Instance> = instances.iter().collect();
-    on_each(&all, limit, script, key, args).await
+/// What each instance is asked, about one lock key.
+#[derive(Debug)]
+enum Ask {
+    /// `SET key token NX PX ttl`: `(1, 0)` when set, `(0, -1)` when not
+    /// (the holder's pttl is not read here; [`Ask::Pttl`] does that).
+    SetNx { token: String, ttl: String },
+    /// A script over the key: its reply, as `(n, 0)` or `(n, detail)`.
+    Script(&'static redis::Script, Vec<String>),
+    /// `PTTL key`: `(0, pttl)`.
+    Pttl,
 }
 
-/// [`on_all`] over some of the instances.
-async fn on_each(
-    instances: &[&Instance],
+/// One request for every instance it is sent to.
+#[derive(Debug)]
+struct Call {
+    key: String,
+    ask: Ask,
     limit: Duration,
-    script: &redis::Script,
-    key: &str,
-    args: &[&str],
-) -> Vec<Option<(i64, i64)>> {
-    join_all(instances.iter().map(|i| async move {
-        let call = async {
-            let r: redis::RedisResult<redis::Value> = Conn::Single(i.conn.clone())
-                .script(script, &[key], args)
-                .await;
-            match r.ok()? {
-                redis::Value::Int(n) => Some((n, 0)),
-                v => redis::from_redis_value::<(i64, i64)>(v).ok(),
+}
+
+/// Sends `call` to one instance within its limit. `Some(reply)` if it
+/// answered in time.
+async fn call_one(conn: Arc<Managed>, call: Arc<Call>) -> Option<(i64, i64)> {
+    let c = Conn::Single(conn.clone());
+    let reply = async {
+        match &call.ask {
+            Ask::SetNx { token, ttl } => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(&call.key).arg(token).arg("NX").arg("PX").arg(ttl);
+                let set: Option<String> = c.cmd(&cmd).await.ok()?;
+                Some(if set.is_some() { (1, 0) } else { (0, -1) })
             }
-        };
-        match tokio::time::timeout(limit, call).await {
-            Ok(reply) => reply,
-            Err(_) => {
-                // Slow or silent: have the connection checked.
-                i.conn.suspect_current();
-                None
+            Ask::Script(script, args) => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let r: redis::Value = c.script(script, &[&call.key], &args).await.ok()?;
+                match r {
+                    redis::Value::Int(n) => Some((n, 0)),
+                    v => redis::from_redis_value::<(i64, i64)>(v).ok(),
+                }
+            }
+            Ask::Pttl => {
+                let mut cmd = redis::cmd("PTTL");
+                cmd.arg(&call.key);
+                let pttl: i64 = c.cmd(&cmd).await.ok()?;
+                Some((0, pttl))
             }
         }
-    }))
-    .await
+    };
+    match tokio::time::timeout(call.limit, reply).await {
+        Ok(reply) => reply,
+        Err(_) => {
+            // Slow or silent: have the connection checked.
+            conn.suspect_current();
+            None
+        }
+    }
+}
+
+/// Replies of the instances a call went to, in their order: `None` for one
+/// that did not answer in time.
+type Replies = Vec<Option<(i64, i64)>>;
+
+/// Sends `call` to every instance at once and waits for all of them.
+async fn on_all(instances: &[Instance], call: Call) -> Replies {
+    let conns: Vec<Arc<Managed>> = instances.iter().map(|i| i.conn.clone()).collect();
+    on_each(&conns, call, |_| false).await
+}
+
+/// Sends `call` to each of `conns` at once, and returns once all answered
+/// (or timed out) or once `decided` says the replies in so far settle the
+/// outcome. Replies still out then count as `None` here and are awaited in
+/// the background, so every instance still gets the call, and before
+/// anything this handle sends it next on the same connection.
+async fn on_each(
+    conns: &[Arc<Managed>],
+    call: Call,
+    decided: impl Fn(&Replies) -> bool,
+) -> Replies {
+    let call = Arc::new(call);
+    let mut out: FuturesUnordered<_> = conns
+        .iter()
+        .enumerate()
+        .map(|(at, conn)| {
+            let reply = call_one(conn.clone(), call.clone());
+            async move { (at, reply.await) }
+        })
+        .collect();
+    let mut replies: Replies = vec![None; conns.len()];
+    while let Some((at, reply)) = out.next().await {
+        if let Some(slot) = replies.get_mut(at) {
+            *slot = reply;
+        }
+        if !out.is_empty() && decided(&replies) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { while out.next().await.is_some() {} });
+            } else {
+                while out.next().await.is_some() {}
+            }
+            break;
+        }
+    }
+    replies
+}
+
+/// How many replies were `n`.
+fn count(replies: &Replies, n: i64) -> usize {
+    replies
+        .iter()
+        .filter(|r| matches!(r, Some((m, _)) if *m == n))
+        .count()
 }
 
 /// How a release went on the instances.
@@ -141,23 +217,25 @@ struct ReleaseCount {
     refused: usize,
 }
 
+/// Compare-and-delete on every instance; returns once a majority released
+/// (the rest go on in the background) or all answered.
 async fn release_all(
     instances: Arc<Vec<Instance>>,
     limit: Duration,
     keys: Keys,
     token: String,
 ) -> ReleaseCount {
-    let replies = on_all(
-        &instances,
+    let quorum = instances.len() / 2 + 1;
+    let conns: Vec<Arc<Managed>> = instances.iter().map(|i| i.conn.clone()).collect();
+    let call = Call {
+        key: keys.lock,
+        ask: Ask::Script(&RELEASE, vec![token, keys.channel]),
         limit,
-        &RELEASE,
-        &keys.lock,
-        &[&token, &keys.channel],
-    )
-    .await;
+    };
+    let replies = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
     ReleaseCount {
-        released: replies.iter().filter(|r| matches!(r, Some((1, _)))).count(),
-        refused: replies.iter().filter(|r| matches!(r, Some((0, _)))).count(),
+        released: count(&replies, 1),
+        refused: count(&replies, 0),
     }
 }
 
@@ -191,15 +269,21 @@ impl Backend for RedLockBackend {
                     release_all(undo.0, undo.1, undo.2, undo.3).await;
                 },
             );
-            let replies = on_all(
-                &self.instances,
+            let conns: Vec<Arc<Managed>> = self.instances.iter().map(|i| i.conn.clone()).collect();
+            let call = Call {
+                key: keys.lock.clone(),
+                ask: Ask::SetNx {
+                    token: token.clone(),
+                    ttl: ttl.clone(),
+                },
                 limit,
-                &ACQUIRE_PLAIN,
-                &keys.lock,
-                &[&token, &ttl],
-            )
-            .await;
-            let granted = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
+            };
+            let quorum = self.quorum();
+            // Granted on a majority settles it: the lease is valid from
+            // `started`, and the grants still out are the lease's too
+            // (renewed, released and undone like the others).
+            let replies = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
+            let granted = count(&replies, 1);
             let answered = replies.iter().filter(|r| r.is_some()).count();
             let valid_until = validity_deadline(started, req.ttl);
             if granted >= self.quorum() && Instant::now() < valid_until {
@@ -238,8 +322,14 @@ impl Backend for RedLockBackend {
                 }
                 continue;
             }
-            // The holder's remaining ttl, as the instances that answered see it.
-            let pttl = replies
+            // The holder's remaining ttl, as the instances that answer see it.
+            let call = Call {
+                key: keys.lock.clone(),
+                ask: Ask::Pttl,
+                limit,
+            };
+            let pttl = on_all(&self.instances, call)
+                .await
                 .iter()
                 .flatten()
                 .map(|(_, p)| *p)
@@ -268,39 +358,37 @@ impl BackendLease for RedLockLease {
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let sent = Instant::now();
         let ttl_arg = ttl_ms(ttl);
-        let replies = on_all(
-            &self.instances,
-            self.limit,
-            &RENEW_OR_MISSING,
-            &self.keys.lock,
-            &[&self.token, &ttl_arg],
-        )
-        .await;
-        let mut renewed = replies.iter().filter(|r| matches!(r, Some((1, _)))).count();
-        let refused = replies.iter().filter(|r| matches!(r, Some((0, _)))).count();
+        let call = Call {
+            key: self.keys.lock.clone(),
+            ask: Ask::Script(&RENEW_OR_MISSING, vec![self.token.clone(), ttl_arg.clone()]),
+            limit: self.limit,
+        };
+        let replies = on_all(&self.instances, call).await;
+        let mut renewed = count(&replies, 1);
+        let refused = count(&replies, 0);
         // Renewed on a majority: take the key back where an instance lost it
         // (restarted without persistence), with NX, so that restarts one
         // after another never leave the holder on a minority (redsync #149).
         // Without a majority nothing is taken back: a lease an operator
         // deleted everywhere stays deleted.
         if renewed >= self.quorum {
-            let missing: Vec<&Instance> = self
+            let missing: Vec<Arc<Managed>> = self
                 .instances
                 .iter()
                 .zip(&replies)
                 .filter(|(_, r)| matches!(r, Some((-1, _))))
-                .map(|(i, _)| i)
+                .map(|(i, _)| i.conn.clone())
                 .collect();
             if !missing.is_empty() {
-                let retaken = on_each(
-                    &missing,
-                    self.limit,
-                    &ACQUIRE_PLAIN,
-                    &self.keys.lock,
-                    &[&self.token, &ttl_arg],
-                )
-                .await;
-                renewed += retaken.iter().filter(|r| matches!(r, Some((1, _)))).count();
+                let call = Call {
+                    key: self.keys.lock.clone(),
+                    ask: Ask::SetNx {
+                        token: self.token.clone(),
+                        ttl: ttl_arg,
+                    },
+                    limit: self.limit,
+                };
+                renewed += count(&on_each(&missing, call, |_| false).await, 1);
             }
         }
         let valid_until = validity_deadline(sent, ttl);
@@ -320,8 +408,10 @@ impl BackendLease for RedLockLease {
         ))
     }
 
-    /// Compare-and-delete on every instance: `Released` once any instance
-    /// released it, `NotHeld` when a majority answered that it was not
+    /// Compare-and-delete on every instance, returning once a majority
+    /// released it or all answered (the rest finish in the background):
+    /// `Released` when any instance released it, `NotHeld` when a majority
+    /// answered that it was not
     /// this owner's; otherwise (too few answers) `Indeterminate`, and the
     /// keys that remain end by their ttl.
     async fn release(&self) -> Result<Released> {

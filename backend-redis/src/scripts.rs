@@ -42,16 +42,6 @@ return {0, redis.call('PTTL', KEYS[1])}",
     )
 });
 
-/// `SET lock token NX PX ttl` alone (RedLock: no counter). `{1, 0}` or `{0, pttl}`.
-pub(crate) static ACQUIRE_PLAIN: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, 0}
-end
-return {0, redis.call('PTTL', KEYS[1])}",
-    )
-});
-
 /// `PEXPIRE` only if the key still holds this owner's token. 1 or 0.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

@@ -213,6 +213,56 @@ async fn redlock_release_unanswered_is_not_lost(ctx: Ctx) {
     }
 }
 
+/// A RedLock acquire returns once a majority granted, and a release once a
+/// majority released; the calls still out finish in the background. So the
+/// key reaches every instance after an acquire and leaves every one after a
+/// release, proven on each server, also when every instance has forgotten
+/// the release script (`SCRIPT FLUSH`) and must be sent it again.
+async fn redlock_calls_reach_every_instance(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("every-instance");
+    let key = lockcore_redis::lock_key("lock:", &name);
+    let hosts = redlock_hosts();
+    let on_all = |present: bool| {
+        let (hosts, key) = (hosts.clone(), key.clone());
+        move || {
+            let (hosts, key) = (hosts.clone(), key.clone());
+            async move {
+                for host in &hosts {
+                    if raw_get(host, &key).await.is_some() != present {
+                        return false;
+                    }
+                }
+                true
+            }
+        }
+    };
+    for _ in 0..10 {
+        let g = l.try_lock(&name).await.expect("acquire").expect("free");
+        until(
+            "the key on every instance",
+            Duration::from_secs(5),
+            on_all(true),
+        )
+        .await;
+        for host in &hosts {
+            let mut c = admin(&format!("redis://{host}")).await;
+            let _: () = redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut c)
+                .await
+                .expect("SCRIPT FLUSH");
+        }
+        g.release().await.expect("release");
+        until(
+            "the key gone from every instance",
+            Duration::from_secs(5),
+            on_all(false),
+        )
+        .await;
+    }
+}
+
 /// With two of five masters down RedLock still acquires; with three down it
 /// fails cleanly, leaving nothing held on the two that live.
 async fn redlock_majority_rules(ctx: Ctx) {
@@ -770,6 +820,9 @@ fn main() -> std::process::ExitCode {
         )
         .hint(COMPOSE_HINT)
         .only_own_cases()
+        .case("redlock_calls_reach_every_instance", |ctx| {
+            Box::pin(redlock_calls_reach_every_instance(ctx))
+        })
         .case("redlock_majority_rules", |ctx| {
             Box::pin(redlock_majority_rules(ctx))
         })
