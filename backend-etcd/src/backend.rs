@@ -289,6 +289,37 @@ impl EtcdBackend {
         Ok((my_rev, first_kv(ops.get(1)).map(|kv| kv.1)))
     }
 
+    /// An attempt that ends without the lock (a `try` that found the name
+    /// held, a waiter whose deadline passed): deletes its key, compared on
+    /// its create revision, and keeps the lease spare, as
+    /// `concurrency.Mutex` keeps its session; one durable write, and the
+    /// next acquisition needs no grant. If the delete did not succeed, or
+    /// there are spares enough, the lease is revoked instead (the key goes
+    /// with it); so is it when this is dropped halfway (`cleanup`).
+    async fn step_back(
+        &self,
+        cleanup: CleanupOnDrop,
+        key: &str,
+        rev: i64,
+        left: Spare,
+        ttl: Duration,
+        limit: Duration,
+    ) {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+            .and_then([TxnOp::delete(key, None)]);
+        let mut kv = self.inner.client.kv_client();
+        let deleted = self
+            .request(limit, "deleting a waiting key", false, kv.txn(txn))
+            .await
+            .is_ok_and(|r| r.succeeded());
+        if deleted && self.inner.spares.put(whole_seconds(ttl), left) {
+            cleanup.disarm();
+        } else {
+            cleanup.run_now().await;
+        }
+    }
+
     /// One try with `lease`: a spare one (renewed beside the key's put) or
     /// a new one (granted first); then create the key and wait for older
     /// keys to go.
@@ -365,7 +396,12 @@ impl EtcdBackend {
         let valid = Mutex::new(valid_from_grant);
         if owner_rev != Some(my_rev) {
             if req.deadline == Deadline::Now {
-                cleanup.run_now().await;
+                let left = Spare {
+                    id: lease,
+                    valid_until: *lock(&valid),
+                };
+                self.step_back(cleanup, &key, my_rev, left, ttl, limit)
+                    .await;
                 return Ok(Ok(None));
             }
             let turn = self
@@ -374,7 +410,12 @@ impl EtcdBackend {
             match turn {
                 Turn::Mine => {}
                 Turn::Deadline => {
-                    cleanup.run_now().await;
+                    let left = Spare {
+                        id: lease,
+                        valid_until: *lock(&valid),
+                    };
+                    self.step_back(cleanup, &key, my_rev, left, ttl, limit)
+                        .await;
                     return Ok(Ok(None));
                 }
                 Turn::Gone(why) => {

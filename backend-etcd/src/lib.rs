@@ -55,8 +55,11 @@
 //! abandoned lease, one whose key is gone (lost), one whose release failed
 //! or was dropped, and a second release through the same handle never give
 //! a lease to another lock. At most 64 spare leases are kept per ttl. A
-//! `try` that finds the name held, and a waiter that gives up, revoke their
-//! lease. A spare lease whose renewal fails beside the put is revoked, and
+//! `try` that finds the name held, and a waiter that gives up, delete their
+//! key (compared on its create revision) and keep their lease spare, as
+//! `concurrency.Mutex`'s `TryLock` keeps its session; the lease is revoked
+//! instead when that delete fails or is dropped halfway. A spare lease
+//! whose renewal fails beside the put is revoked, and
 //! the acquisition starts again on a new one.
 //!
 //! A lease per lock rather than one per handle: lockcore's ttl is chosen per
@@ -71,7 +74,7 @@
 //! name get strictly larger tokens. Fair: waiters are served in arrival
 //! order (create revision), and each watches only its predecessor (no
 //! herd). A `try` on a held name returns `Ok(None)` after one transaction and
-//! removes its key (by revoking its lease). A dropped acquisition revokes its
+//! removes its key (one delete; the lease stays spare). A dropped acquisition revokes its
 //! lease, so nothing stays queued or held even if the grant had already
 //! happened on the server. A cut-off key creation is
 //! [`Indeterminate`](lockcore::ErrorKind::Indeterminate) (its lease is being

@@ -234,6 +234,51 @@ async fn a_second_release_leaves_a_reused_lease_alone(ctx: Ctx) {
     g2.lease.release().await.unwrap();
 }
 
+/// The keys under `name`'s range, read on the server.
+async fn keys_of(c: &mut Client, name: &str) -> usize {
+    let range = lock_range(DEFAULT_PREFIX, name);
+    c.get(range, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("get")
+        .kvs()
+        .len()
+}
+
+/// A `try` that finds the name held, and a waiter that gives up, delete
+/// their key and keep their lease spare, as `concurrency.Mutex` keeps its
+/// session (one durable write, the delete, and no grant for the next
+/// acquisition): the next lock of the handle takes that same lease.
+async fn failed_tries_keep_their_lease_spare(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let other = ctx.harness.connect().await.expect("connect");
+    let mut c = raw(&ctx).await;
+    let (held, next) = (ctx.name("held"), ctx.name("next"));
+    let h = other.acquire(&held, &opts(5)).await.unwrap().unwrap();
+    for wait in [Wait::Try, Wait::For(Duration::from_millis(300))] {
+        // A spare lease to start from, whose id is known.
+        let g = l.acquire(&next, &opts(5)).await.unwrap().unwrap();
+        let id = holder_lease(&mut c, &next).await.expect("a key for next");
+        g.release().await.unwrap();
+        match l.acquire(&held, &opts(5).wait(wait)).await {
+            Ok(None) => {}
+            Err(e) if e.kind() == lockcore::ErrorKind::Timeout => {}
+            Ok(Some(_)) => panic!("{wait:?}: granted a held name"),
+            Err(e) => panic!("{wait:?}: {e}"),
+        }
+        assert_eq!(keys_of(&mut c, &held).await, 1, "{wait:?}: a key was left");
+        let alive = c.lease_time_to_live(id, None).await.expect("ttl").ttl();
+        assert!(alive > 0, "{wait:?}: the lease was revoked");
+        let g = l.acquire(&next, &opts(5)).await.unwrap().unwrap();
+        assert_eq!(
+            holder_lease(&mut c, &next).await,
+            Some(id),
+            "{wait:?}: the next lock did not take the lease back"
+        );
+        g.release().await.unwrap();
+    }
+    h.release().await.unwrap();
+}
+
 /// The spare leases of a backend are revoked when it is dropped.
 async fn spares_are_revoked_with_the_backend(ctx: Ctx) {
     let mut c = raw(&ctx).await;
@@ -278,6 +323,9 @@ fn main() -> std::process::ExitCode {
     })
     .case("a_second_release_leaves_a_reused_lease_alone", |ctx| {
         Box::pin(a_second_release_leaves_a_reused_lease_alone(ctx))
+    })
+    .case("failed_tries_keep_their_lease_spare", |ctx| {
+        Box::pin(failed_tries_keep_their_lease_spare(ctx))
     })
     .case("spares_are_revoked_with_the_backend", |ctx| {
         Box::pin(spares_are_revoked_with_the_backend(ctx))
