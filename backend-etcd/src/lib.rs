@@ -9,8 +9,11 @@
 //! `<prefix>/<seg>/<lease id in lowercase hex>`, attached to its lease, in a
 //! transaction only if its create revision is 0. The holder is the key with
 //! the smallest create revision in the range; a waiter watches only the
-//! deletion of the key just before its own (read, then watch from the read's
-//! revision + 1; a compacted watch is read again). Since the encoded name
+//! deletion of the key just before its own (read; watch from the server's
+//! current revision; then look once whether that key is still there with
+//! the create revision read, so a delete that came before the watch, even
+//! one followed by a put of the same key, is not missed; a compacted watch
+//! is read again). Since the encoded name
 //! never contains `/`, the ranges of `a` and `a/b` (`lockcore/a/` and
 //! `lockcore/a%2Fb/`) never overlap.
 //!

@@ -138,10 +138,10 @@ impl EtcdBackend {
             if mine != Some(my_rev) {
                 return Ok(Turn::Gone("the waiting key was deleted"));
             }
-            let Some((pred_key, _)) = first_kv(ops.first()) else {
+            let Some((pred_key, pred_rev)) = first_kv(ops.first()) else {
                 return Ok(Turn::Mine);
             };
-            match self.watch_delete(pred_key, limit, name).await {
+            match self.watch_delete(pred_key, pred_rev, limit, name).await {
                 Ok(WatchEnd::Deleted) => backoff.reset(),
                 // Cancelled or ended by the server: read again, not in a
                 // tight loop.
@@ -157,24 +157,32 @@ impl EtcdBackend {
         }
     }
 
-    /// Whether `key` exists now.
-    async fn exists(&self, key: &[u8], limit: Duration) -> Result<bool> {
+    /// Whether `key` exists now with create revision `rev`: the same key,
+    /// not one deleted and put again under its name (a handle puts the same
+    /// key again when it asks for a name again with a spare lease).
+    async fn still_there(&self, key: &[u8], rev: i64, limit: Duration) -> Result<bool> {
         let mut kv = self.inner.client.kv_client();
         let resp = self
             .request(
                 limit,
                 "reading the predecessor",
                 false,
-                kv.get(key, Some(GetOptions::new().with_count_only())),
+                kv.get(key, Some(GetOptions::new().with_keys_only())),
             )
             .await?;
-        Ok(resp.count() > 0)
+        Ok(resp.kvs().first().map(|kv| kv.create_revision()) == Some(rev))
     }
 
-    /// Watches `key` from now until it is deleted, or until the
-    /// watch ends for another reason (compaction, cancel, stream end), after
-    /// which the caller reads again.
-    async fn watch_delete(&self, key: Vec<u8>, limit: Duration, name: &str) -> Result<WatchEnd> {
+    /// Watches `key` (create revision `rev`) from now until it is deleted,
+    /// or until the watch ends for another reason (compaction, cancel,
+    /// stream end), after which the caller reads again.
+    async fn watch_delete(
+        &self,
+        key: Vec<u8>,
+        rev: i64,
+        limit: Duration,
+        name: &str,
+    ) -> Result<WatchEnd> {
         let mut wc = self.inner.client.watch_client();
         let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let mut stream = self
@@ -199,8 +207,9 @@ impl EtcdBackend {
                 // the server's sync loop, every 100 ms, once any write came
                 // in between (an ~85 ms tail on hand-offs). A delete that
                 // landed between our read and now is seen by looking once,
-                // with the watch in place.
-                if !self.exists(&key, limit).await? {
+                // with the watch in place; so is one followed by a put of
+                // the same key, whose create revision is then another.
+                if !self.still_there(&key, rev, limit).await? {
                     self.inner
                         .counters
                         .predecessor_events

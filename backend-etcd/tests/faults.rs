@@ -308,6 +308,67 @@ async fn compaction_during_long_wait(ctx: Ctx) {
     let _ = raw.delete(filler, None).await;
 }
 
+/// A waiter whose predecessor's key is deleted and put again under the
+/// same name between the waiter's read and its watch does not wait on that
+/// new key, which is behind its own: it takes the lock. (A handle puts the
+/// same key again when it gives up on a name and asks for it again with
+/// the lease it kept spare; two such waiters once waited on each other for
+/// good.) The waiter's requests arrive 300 ms late through a proxy, so the
+/// test can land the delete and the put between its read and its watch.
+async fn a_predecessor_put_again_is_not_waited_for(ctx: Ctx) {
+    use etcd_client::{EventType, PutOptions, WatchOptions};
+    let name = ctx.name("put-again");
+    let range = lock_range(DEFAULT_PREFIX, &name);
+    let mut raw = backend(&ctx).await.client().clone();
+    // The predecessor: a key of the lock's layout, on a lease of the test's.
+    let lease = raw.lease_grant(30, None).await.expect("grant").id();
+    let pred = format!("{range}{lease:x}");
+    let on_lease = || Some(PutOptions::new().with_lease(lease));
+    raw.put(pred.clone(), "", on_lease()).await.expect("put");
+    let proxies = Proxies::new();
+    let routed = proxies.route_url(&ctx.config, 2379).await.expect("proxy");
+    let w = lockcore_etcd::connect(&routed).await.expect("connect");
+    let mut events = raw
+        .watch(range.clone(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    proxies.delay(Dir::Up, Duration::from_millis(300));
+    let waiting = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new()
+                .ttl(Duration::from_secs(10))
+                .wait(Wait::For(Duration::from_secs(30)));
+            w.acquire(&name, &opts).await
+        })
+    };
+    // The waiter's put; its read reaches the server 300 ms after it, and
+    // its watch 300 ms after that.
+    'put: loop {
+        let resp = events.message().await.expect("watch").expect("open");
+        for e in resp.events() {
+            let ours = e.kv().is_some_and(|kv| kv.key() != pred.as_bytes());
+            if ours && e.event_type() == EventType::Put {
+                break 'put;
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    raw.delete(pred.clone(), None).await.expect("delete");
+    raw.put(pred.clone(), "", on_lease())
+        .await
+        .expect("put again");
+    let g = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter waited on a key put after its own")
+        .expect("waiter task")
+        .expect("acquire")
+        .expect("granted");
+    proxies.delay(Dir::Up, Duration::ZERO);
+    g.release().await.expect("release");
+    raw.lease_revoke(lease).await.expect("revoke");
+}
+
 /// `etcdctl <args>` against the target's endpoints, its stdout piped.
 fn etcdctl(ctx: &Ctx, args: &[&str]) -> tokio::process::Child {
     let mut c = tokio::process::Command::new("etcdctl");
@@ -586,6 +647,9 @@ fn main() -> std::process::ExitCode {
             })
             .case("waiter_whose_lease_died_is_never_granted", |ctx| {
                 Box::pin(waiter_whose_lease_died_is_never_granted(ctx))
+            })
+            .case("a_predecessor_put_again_is_not_waited_for", |ctx| {
+                Box::pin(a_predecessor_put_again_is_not_waited_for(ctx))
             })
             .case("etcdctl_lock_interoperates", |ctx| {
                 Box::pin(etcdctl_lock_interoperates(ctx))
