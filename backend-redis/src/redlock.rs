@@ -6,9 +6,14 @@
 //! (drift = ttl·1% + 2 ms). It returns as soon as a majority granted: the
 //! calls still out finish in the background, and a grant among them is the
 //! lease's like the others (renewed, released). A release likewise returns
-//! once a majority released. Calls to one instance keep their order on its
-//! connection, so a release never overtakes the acquire it undoes. Each
-//! cycle is one plain `SET NX PX` and one compare-and-delete script per
+//! once a majority released; its calls still out finish as a counted
+//! cleanup step ([`lockcore::cleanup::flush`] waits for them). A call still
+//! out may be waiting for its connection (being made again, or reloading a
+//! script), so nothing relies on the order of calls on a connection: a
+//! lease's release first waits for its acquire's calls still out, the undo
+//! of a failed attempt for that attempt's, and each attempt has a token of
+//! its own, so a late undo never deletes a later attempt's key. Each cycle
+//! is one plain `SET NX PX` and one compare-and-delete script per
 //! instance. A failed attempt is undone on every instance,
 //! also those that errored or timed out, then retried after a random delay
 //! or a release wake-up. A renewal counts only when a majority renewed;
@@ -22,13 +27,16 @@
 //! [`Fencing::None`] and guards carry no token. Where fencing matters, use one
 //! instance or a cluster (fencing while data is kept), ZooKeeper or etcd.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::backend::prelude::*;
+use lockcore::cleanup::spawn_cleanup;
 use lockcore::retry::jitter_between;
+use lockcore::sync::lock;
+use tokio::sync::oneshot;
 
 use crate::backend::wait_turn;
 use crate::config::{RedisConfig, Topology, NAME};
@@ -160,22 +168,39 @@ async fn call_one(conn: Arc<Managed>, call: Arc<Call>) -> Option<(i64, i64)> {
 /// that did not answer in time.
 type Replies = Vec<Option<(i64, i64)>>;
 
+/// The calls of an [`on_each`] still out when it returned: they finish in
+/// the background, as a counted cleanup step (so [`lockcore::cleanup::flush`]
+/// waits for them).
+#[derive(Debug, Default)]
+struct Straggling(Option<oneshot::Receiver<()>>);
+
+impl Straggling {
+    /// Waits until they finished (each within its call's limit).
+    async fn finished(self) {
+        if let Some(rx) = self.0 {
+            let _ = rx.await;
+        }
+    }
+}
+
 /// Sends `call` to every instance at once and waits for all of them.
 async fn on_all(instances: &[Instance], call: Call) -> Replies {
     let conns: Vec<Arc<Managed>> = instances.iter().map(|i| i.conn.clone()).collect();
-    on_each(&conns, call, |_| false).await
+    on_each(&conns, call, |_| false).await.0
 }
 
 /// Sends `call` to each of `conns` at once, and returns once all answered
 /// (or timed out) or once `decided` says the replies in so far settle the
-/// outcome. Replies still out then count as `None` here and are awaited in
-/// the background, so every instance still gets the call, and before
-/// anything this handle sends it next on the same connection.
+/// outcome. Replies still out then count as `None` here, and the calls
+/// finish in the background ([`Straggling`]): a later call on the same key
+/// that must not overtake them (a release after an acquire) waits for
+/// them first, since a call waiting for its connection (being made again,
+/// or reloading a script) is not yet in the connection's order.
 async fn on_each(
     conns: &[Arc<Managed>],
     call: Call,
     decided: impl Fn(&Replies) -> bool,
-) -> Replies {
+) -> (Replies, Straggling) {
     let call = Arc::new(call);
     let mut out: FuturesUnordered<_> = conns
         .iter()
@@ -191,15 +216,18 @@ async fn on_each(
             *slot = reply;
         }
         if !out.is_empty() && decided(&replies) {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { while out.next().await.is_some() {} });
-            } else {
-                while out.next().await.is_some() {}
-            }
-            break;
+            let (done, finished) = oneshot::channel();
+            spawn_cleanup(
+                "finish a RedLock call on the instances that had not answered",
+                async move {
+                    while out.next().await.is_some() {}
+                    let _ = done.send(());
+                },
+            );
+            return (replies, Straggling(Some(finished)));
         }
     }
-    replies
+    (replies, Straggling::default())
 }
 
 /// How many replies were `n`.
@@ -232,7 +260,7 @@ async fn release_all(
         ask: Ask::Script(&RELEASE, vec![token, keys.channel]),
         limit,
     };
-    let replies = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
+    let (replies, _) = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
     ReleaseCount {
         released: count(&replies, 1),
         refused: count(&replies, 0),
@@ -251,11 +279,15 @@ impl Backend for RedLockBackend {
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
         let keys = Keys::new(&self.cfg.prefix, req.name);
-        let token = req.owner.to_string();
         let ttl = ttl_ms(req.ttl);
         let limit = self.instance_timeout(req.ttl);
         let mut subs: Vec<Subscription> = Vec::new();
+        let mut attempt = 0u64;
         loop {
+            // A token per attempt: the undo of one attempt, if it comes late
+            // to an instance, never deletes a later attempt's key.
+            let token = format!("{}.{attempt}", req.owner);
+            attempt = attempt.wrapping_add(1);
             let started = Instant::now();
             let undo = (
                 self.instances.clone(),
@@ -282,7 +314,7 @@ impl Backend for RedLockBackend {
             // Granted on a majority settles it: the lease is valid from
             // `started`, and the grants still out are the lease's too
             // (renewed, released and undone like the others).
-            let replies = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
+            let (replies, straggling) = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
             let granted = count(&replies, 1);
             let answered = replies.iter().filter(|r| r.is_some()).count();
             let valid_until = validity_deadline(started, req.ttl);
@@ -296,12 +328,15 @@ impl Backend for RedLockBackend {
                         token,
                         quorum: self.quorum(),
                         limit,
+                        acquiring: Mutex::new(straggling),
                     }),
                     fence: None,
                     valid_until,
                 }));
             }
-            // Undo the partial grant everywhere before deciding anything.
+            // Undo the partial grant everywhere before deciding anything,
+            // after the attempt's calls still out.
+            straggling.finished().await;
             cleanup.run_now().await;
             if answered < self.quorum() {
                 return Err(Error::unavailable(
@@ -351,6 +386,9 @@ struct RedLockLease {
     token: String,
     quorum: usize,
     limit: Duration,
+    /// The acquire's calls still out when it returned: a release waits for
+    /// them, so that it never reaches an instance before its own grant.
+    acquiring: Mutex<Straggling>,
 }
 
 #[async_trait]
@@ -388,7 +426,7 @@ impl BackendLease for RedLockLease {
                     },
                     limit: self.limit,
                 };
-                renewed += count(&on_each(&missing, call, |_| false).await, 1);
+                renewed += count(&on_each(&missing, call, |_| false).await.0, 1);
             }
         }
         let valid_until = validity_deadline(sent, ttl);
@@ -415,6 +453,8 @@ impl BackendLease for RedLockLease {
     /// this owner's; otherwise (too few answers) `Indeterminate`, and the
     /// keys that remain end by their ttl.
     async fn release(&self) -> Result<Released> {
+        let acquiring = std::mem::take(&mut *lock(&self.acquiring));
+        acquiring.finished().await;
         let n = release_all(
             self.instances.clone(),
             self.response_timeout,
