@@ -279,7 +279,8 @@ impl Backend for ZkBackend {
             .values(true)
     }
 
-    /// Creates `_c_<uuid>-lock-<seq>` under the name's parent, then waits
+    /// Creates `_c_<uuid>-lock-<seq>` (`-latch-` with a value) under the
+    /// name's parent, then waits
     /// for the predecessor node to go, watching only it.
     ///
     /// # Cancel safety
@@ -294,7 +295,7 @@ impl Backend for ZkBackend {
         let session = self.session(req.ttl).await?;
         check_ttl(&session, req.ttl)?;
         let parent = self.lock_parent(req.name);
-        let prefix = recipe::node_prefix(req.owner);
+        let prefix = recipe::node_prefix(req.owner, req.value.is_some());
         let cleanup = CleanupOnDrop::new(
             "delete the lock node of a dropped acquisition",
             delete_ours(session.clone(), parent.clone(), prefix.clone()),

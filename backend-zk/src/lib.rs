@@ -15,6 +15,13 @@
 //! excludes and is excluded. kazoo's `Lock` nodes (`<uuid>__lock__<seq>`)
 //! count as contenders too, so a Python service using
 //! `client.Lock(path)` with `extra_lock_patterns=["-lock-"]` interoperates.
+//! A candidate of a [`lockcore::Election`] creates `_c_<uuid>-latch-<seq>`
+//! with its value as the node's data instead: Curator's `LeaderLatch`
+//! layout, so `new LeaderLatch(client, "<prefix>/<segment>", id)` campaigns
+//! beside our candidates (one leader among both, checked with real Curator
+//! clients), `LeaderLatch.getLeader()` names our leader's value, and our
+//! `leader()` names Curator's. Curator's `LeaderSelector` (mutex nodes) and
+//! `LeaderLatch` must not share a path, in Curator as here.
 //! All contenders are ordered by their 10-digit sequence suffix. Parents,
 //! the prefix and the chroot are created as *container* nodes, which the
 //! server reaps once empty, so short-lived names leave nothing behind.

@@ -1,7 +1,9 @@
 //! Node names of the lock recipe: Curator's `InterProcessMutex` layout, with
-//! kazoo's `Lock` nodes recognised as contenders.
+//! kazoo's `Lock` nodes recognised as contenders, and Curator's
+//! `LeaderLatch` layout for a lease that carries a value (an election).
 //!
 //! - ours (and Curator's): `_c_<uuid>-lock-<seq>`
+//! - ours with a value (and Curator's `LeaderLatch`): `_c_<uuid>-latch-<seq>`
 //! - kazoo's: `<uuid hex>__lock__<seq>`
 //!
 //! `<seq>` is the 10-digit sequence suffix ZooKeeper appends (`-` and 10
@@ -12,6 +14,8 @@ use lockcore::OwnerToken;
 
 /// Curator's lock name for `InterProcessMutex`.
 const CURATOR_MARK: &str = "-lock-";
+/// Curator's name for `LeaderLatch` participants.
+const LATCH_MARK: &str = "-latch-";
 /// kazoo's `Lock` node marker.
 const KAZOO_MARK: &str = "__lock__";
 
@@ -29,14 +33,17 @@ pub(crate) fn uuid_of(owner: OwnerToken) -> String {
     )
 }
 
-/// The prefix of our node for `owner` (ZooKeeper appends the sequence).
-pub(crate) fn node_prefix(owner: OwnerToken) -> String {
-    format!("_c_{}{CURATOR_MARK}", uuid_of(owner))
+/// The prefix of our node for `owner` (ZooKeeper appends the sequence):
+/// a `LeaderLatch` participant's for a lease with a value (a candidate of
+/// an election), else an `InterProcessMutex` contender's.
+pub(crate) fn node_prefix(owner: OwnerToken, with_value: bool) -> String {
+    let mark = if with_value { LATCH_MARK } else { CURATOR_MARK };
+    format!("_c_{}{mark}", uuid_of(owner))
 }
 
 /// The sequence number of a contender node, or `None` when `child` is not one.
 pub(crate) fn sequence_of(child: &str) -> Option<i64> {
-    let suffix = [CURATOR_MARK, KAZOO_MARK]
+    let suffix = [CURATOR_MARK, LATCH_MARK, KAZOO_MARK]
         .iter()
         .filter_map(|m| child.rfind(m).map(|i| &child[i + m.len()..]))
         .min_by_key(|s| s.len())?;
@@ -73,13 +80,17 @@ mod tests {
         let o = OwnerToken::from_u128(0x0123456789abcdef_fedcba9876543210);
         assert_eq!(uuid_of(o), "01234567-89ab-cdef-fedc-ba9876543210");
         assert_eq!(
-            node_prefix(o),
+            node_prefix(o, false),
             "_c_01234567-89ab-cdef-fedc-ba9876543210-lock-"
+        );
+        assert_eq!(
+            node_prefix(o, true),
+            "_c_01234567-89ab-cdef-fedc-ba9876543210-latch-"
         );
     }
 
     #[test]
-    fn recognises_curator_and_kazoo_nodes() {
+    fn recognises_curator_latch_and_kazoo_nodes() {
         assert_eq!(
             sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-lock-0000000042"),
             Some(42)
@@ -88,10 +99,14 @@ mod tests {
             sequence_of("0123456789abcdef0123456789abcdef__lock__0000000007"),
             Some(7)
         );
+        assert_eq!(
+            sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-latch-0000000009"),
+            Some(9)
+        );
         assert_eq!(sequence_of("x-lock--2147483648"), Some(-2147483648));
         for not in [
             "leader",
-            "_c_x-latch-0000000001",
+            "_c_x-latch-000000001",
             "x__rlock__0000000001",
             "x-lock-123",
             "x-lock-00000000001",

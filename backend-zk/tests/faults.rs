@@ -640,6 +640,184 @@ async fn curator_and_kazoo_nodes_are_contenders(ctx: Ctx) {
     }
 }
 
+/// A real Curator client (Java, `backend-zk/tests/curator/CuratorProbe.java`
+/// on Debian's `libcurator-recipes-java`), driven line by line.
+struct Curator {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Curator {
+    /// Starts the probe on `path` with participant id `id`.
+    async fn start(ctx: &Ctx, path: &str, id: &str) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let jars = [
+            "curator-client",
+            "curator-framework",
+            "curator-recipes",
+            "zookeeper",
+            "zookeeper-jute",
+            "guava",
+            "slf4j-api",
+            "slf4j-nop",
+        ];
+        let cp: Vec<String> = jars
+            .iter()
+            .map(|j| format!("/usr/share/java/{j}.jar"))
+            .collect();
+        for jar in &cp {
+            assert!(
+                std::path::Path::new(jar).exists(),
+                "{jar} is missing: apt-get install libcurator-recipes-java (compose/local up installs it)"
+            );
+        }
+        let probe = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/curator/CuratorProbe.java"
+        );
+        let mut child = tokio::process::Command::new("java")
+            .arg("-cp")
+            .arg(cp.join(":"))
+            .arg(probe)
+            .args([&hosts(ctx), path, id])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("java runs");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut probe = Curator {
+            child,
+            stdin,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        };
+        assert_eq!(probe.line().await, "ready");
+        probe
+    }
+
+    async fn line(&mut self) -> String {
+        tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
+            .await
+            .expect("the Curator probe answers")
+            .expect("read")
+            .expect("the Curator probe is running")
+    }
+
+    /// Sends `cmd` and returns the probe's answer.
+    async fn ask(&mut self, cmd: &str) -> String {
+        self.stdin
+            .write_all(format!("{cmd}\n").as_bytes())
+            .await
+            .expect("write");
+        self.stdin.flush().await.expect("flush");
+        self.line().await
+    }
+
+    /// Closes the probe's input and waits for it to exit cleanly.
+    async fn stop(self) {
+        let Curator {
+            mut child, stdin, ..
+        } = self;
+        drop(stdin);
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("the Curator probe exits")
+            .expect("wait");
+        assert!(status.success(), "the Curator probe: {status}");
+    }
+}
+
+/// Our elections and Curator's `LeaderLatch` on one path: one leader among
+/// both, each side names the other's leader with its value, and leadership
+/// passes both ways on resignation (our election nodes are `LeaderLatch`'s,
+/// `_c_<uuid>-latch-<seq>`, with the value as data).
+async fn curator_leader_latch_interoperates(ctx: Ctx) {
+    let l = Locker::from_arc(backend(&ctx).await);
+    let name = ctx.name("latch");
+    let path = lockcore_zk::lock_parent(&cfg(&ctx), &name);
+    let ours = lockcore::Election::new(&l, &name).expect("election");
+
+    // Curator leads: we see it, and do not lead beside it.
+    let mut a = Curator::start(&ctx, &path, "java-a").await;
+    assert_eq!(a.ask("campaign").await, "queued");
+    assert_eq!(a.ask("await-leader 10000").await, "leader");
+    let seen = ours.leader().await.expect("leader").expect("a leader");
+    assert_eq!(seen.value, "java-a", "our observer names Curator's leader");
+    assert!(
+        ours.try_campaign("ours").await.expect("try").is_none(),
+        "we led beside Curator's leader"
+    );
+    let campaign = {
+        let ours = ours.clone();
+        tokio::spawn(async move { ours.campaign("ours").await.expect("campaign") })
+    };
+    until_waiters(&l, &name, 1).await;
+    assert_eq!(
+        a.ask("is-leader").await,
+        "leader",
+        "Curator lost the lead to our waiter"
+    );
+
+    // Curator resigns: ours leads, and a Curator candidate waits and names it.
+    assert_eq!(a.ask("resign").await, "resigned");
+    let lead = tokio::time::timeout(Duration::from_secs(10), campaign)
+        .await
+        .expect("ours leads once Curator resigned")
+        .expect("task");
+    let mut b = Curator::start(&ctx, &path, "java-b").await;
+    assert_eq!(b.ask("campaign").await, "queued");
+    assert_eq!(
+        b.ask("is-leader").await,
+        "not-leader",
+        "Curator led beside ours"
+    );
+    assert_eq!(b.ask("leader").await, "leader=ours");
+    assert_eq!(a.ask("leader").await, "leader=ours");
+
+    // Ours resigns: Curator's candidate leads.
+    lead.resign().await.expect("resign");
+    assert_eq!(b.ask("await-leader 10000").await, "leader");
+    let seen = ours.leader().await.expect("leader").expect("a leader");
+    assert_eq!(seen.value, "java-b");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Our lock and Curator's `InterProcessMutex` on one path exclude each
+/// other, both ways, with real Curator clients.
+async fn curator_mutex_interoperates(ctx: Ctx) {
+    let l = Locker::from_arc(backend(&ctx).await);
+    let name = ctx.name("mutex");
+    let path = lockcore_zk::lock_parent(&cfg(&ctx), &name);
+    let mut c = Curator::start(&ctx, &path, "java").await;
+    assert_eq!(c.ask("lock 5000").await, "locked");
+    assert!(
+        l.try_lock(&name).await.expect("try").is_none(),
+        "we took a name Curator holds"
+    );
+    let waiter = {
+        let (l, n) = (l.clone(), name.clone());
+        tokio::spawn(async move { l.lock(&n).await.expect("lock") })
+    };
+    until_waiters(&l, &name, 1).await;
+    assert_eq!(c.ask("unlock").await, "unlocked");
+    let g = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("ours gets the name Curator released")
+        .expect("task");
+    assert_eq!(
+        c.ask("lock 300").await,
+        "busy",
+        "Curator took a name we hold"
+    );
+    g.release().await.expect("release");
+    assert_eq!(c.ask("lock 5000").await, "locked");
+    assert_eq!(c.ask("unlock").await, "unlocked");
+    c.stop().await;
+}
+
 /// A ttl below the server's minSessionTimeout (2 s here) is raised, with an
 /// honest validity; one above maxSessionTimeout (60 s) is refused, naming it.
 async fn ttl_outside_server_bounds(ctx: Ctx) {
@@ -717,6 +895,12 @@ fn main() -> std::process::ExitCode {
         })
         .case("curator_and_kazoo_nodes_are_contenders", |ctx| {
             Box::pin(curator_and_kazoo_nodes_are_contenders(ctx))
+        })
+        .case("curator_mutex_interoperates", |ctx| {
+            Box::pin(curator_mutex_interoperates(ctx))
+        })
+        .case("curator_leader_latch_interoperates", |ctx| {
+            Box::pin(curator_leader_latch_interoperates(ctx))
         })
         .case(
             "expired_session_fires_lost_and_next_waiter_gets_it",

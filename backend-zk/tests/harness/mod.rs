@@ -121,7 +121,7 @@ impl Harness for Zk {
             Err(zk::Error::NoNode) => return Ok(false),
             Err(e) => return Err(admin_err(e)),
         };
-        children.retain(|c| c.contains("-lock-"));
+        children.retain(|c| c.contains("-lock-") || c.contains("-latch-"));
         children.sort_by_key(|c| c.rsplit('-').next().unwrap_or_default().to_owned());
         let Some(first) = children.first() else {
             return Ok(false);
