@@ -224,16 +224,16 @@ fn main() {
             raw1 += raw_pairs(&masters(&url)[0], &format!("{ns}/raw"), RUN / 3).await / 3.0;
         }
         let peer_lat = rslock_handoffs(masters(&url), 8, &format!("{ns}/rslock/handoff"), RUN).await;
-        // RedLock: ours and rslock's in alternating halves, so that drift
-        // in the servers weighs on both alike.
+        // RedLock: ours and rslock's in alternating sixths, so that drift
+        // in the servers and the machine's load weigh on both alike.
         let red = match std::env::var("LOCKTEST_REDLOCK_URL") {
             Ok(url) => {
                 let rl = lockcore_redis::connect(&url).await.unwrap();
                 let peer = rslock::LockManager::new(masters(&url));
                 let (mut ours, mut theirs) = (0.0, 0.0);
-                for _ in 0..2 {
-                    ours += workload::uncontended(&rl, &ns, 1, RUN / 2).await.unwrap() / 2.0;
-                    theirs += rslock_pairs(&peer, &format!("{ns}/rslock/redlock"), RUN / 2).await / 2.0;
+                for _ in 0..6 {
+                    ours += workload::uncontended(&rl, &ns, 1, RUN / 6).await.unwrap() / 6.0;
+                    theirs += rslock_pairs(&peer, &format!("{ns}/rslock/redlock"), RUN / 6).await / 6.0;
                 }
                 Some((ours, theirs))
             }

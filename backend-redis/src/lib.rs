@@ -10,6 +10,8 @@
 //! the pub/sub channel
 //! `<prefix>{N}:released` on which a release wakes waiters. The braces are a
 //! hash tag: a lock's keys share one cluster slot whatever the name.
+//! RedLock writes `<owner token>.<attempt>` instead (a token per attempt;
+//! see [`RedLockBackend`]).
 //!
 //! **Elections.** A [`lockcore::Election`]'s leader holds the lock key as
 //! any holder does, and its value lives beside it in `<prefix>{N}:value` as

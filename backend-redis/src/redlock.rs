@@ -9,8 +9,9 @@
 //! once a majority released; its calls still out finish as a counted
 //! cleanup step ([`lockcore::cleanup::flush`] waits for them). A call still
 //! out may be waiting for its connection (being made again, or reloading a
-//! script), so nothing relies on the order of calls on a connection: a
-//! lease's release first waits for its acquire's calls still out, the undo
+//! script), so nothing relies on the order of calls on a connection: on an
+//! instance where the acquire's call was still out, the lease's release is
+//! sent once that call finished (on the others at once), the undo
 //! of a failed attempt for that attempt's, and each attempt has a token of
 //! its own, so a late undo never deletes a later attempt's key. Each cycle
 //! is one plain `SET NX PX` and one compare-and-delete script per
@@ -31,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use futures_util::future::{FutureExt, Shared};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::backend::prelude::*;
 use lockcore::cleanup::spawn_cleanup;
@@ -96,6 +98,24 @@ impl RedLockBackend {
 
     fn quorum(&self) -> usize {
         self.instances.len() / 2 + 1
+    }
+
+    /// Releases an attempt's key (token `token`) on every instance, each
+    /// after the attempt's call there if that is still out (`after`).
+    fn undo(
+        &self,
+        keys: &Keys,
+        token: &str,
+        after: Straggling,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        release_all(
+            self.instances.clone(),
+            self.cfg.response_timeout,
+            keys.clone(),
+            token.to_owned(),
+            after,
+        )
+        .map(|_| ())
     }
 
     /// The per-instance timeout: a tenth of the ttl, at most the response timeout.
@@ -168,63 +188,92 @@ async fn call_one(conn: Arc<Managed>, call: Arc<Call>) -> Option<(i64, i64)> {
 /// that did not answer in time.
 type Replies = Vec<Option<(i64, i64)>>;
 
-/// The calls of an [`on_each`] still out when it returned: they finish in
-/// the background, as a counted cleanup step (so [`lockcore::cleanup::flush`]
-/// waits for them).
-#[derive(Debug, Default)]
-struct Straggling(Option<oneshot::Receiver<()>>);
+/// The calls of an [`on_each`] still out when it returned, by instance:
+/// they finish in the background, as a counted cleanup step (so
+/// [`lockcore::cleanup::flush`] waits for them), and each says when it did.
+/// Shared, so that a release dropped halfway and sent again still waits.
+#[derive(Debug, Default, Clone)]
+struct Straggling(Vec<Option<Shared<oneshot::Receiver<()>>>>);
 
 impl Straggling {
-    /// Waits until they finished (each within its call's limit).
-    async fn finished(self) {
-        if let Some(rx) = self.0 {
-            let _ = rx.await;
-        }
+    /// The call still out on instance `at`, if any.
+    fn on(&self, at: usize) -> Option<Shared<oneshot::Receiver<()>>> {
+        self.0.get(at).cloned().flatten()
     }
 }
 
 /// Sends `call` to every instance at once and waits for all of them.
 async fn on_all(instances: &[Instance], call: Call) -> Replies {
     let conns: Vec<Arc<Managed>> = instances.iter().map(|i| i.conn.clone()).collect();
-    on_each(&conns, call, |_| false).await.0
+    on_each(&conns, call, |_| false, Straggling::default())
+        .await
+        .0
 }
 
 /// Sends `call` to each of `conns` at once, and returns once all answered
 /// (or timed out) or once `decided` says the replies in so far settle the
 /// outcome. Replies still out then count as `None` here, and the calls
-/// finish in the background ([`Straggling`]): a later call on the same key
-/// that must not overtake them (a release after an acquire) waits for
-/// them first, since a call waiting for its connection (being made again,
-/// or reloading a script) is not yet in the connection's order.
+/// finish in the background ([`Straggling`]).
+///
+/// `after` holds the calls of an earlier `on_each` on the same key still
+/// out (an acquire's, for its release): on each instance, this call is sent
+/// only once the earlier one there finished, since a call waiting for its
+/// connection (being made again, or reloading a script) is not yet in the
+/// connection's order. Instances with nothing out are sent it at once.
 async fn on_each(
     conns: &[Arc<Managed>],
     call: Call,
     decided: impl Fn(&Replies) -> bool,
+    after: Straggling,
 ) -> (Replies, Straggling) {
     let call = Arc::new(call);
     let mut out: FuturesUnordered<_> = conns
         .iter()
         .enumerate()
         .map(|(at, conn)| {
-            let reply = call_one(conn.clone(), call.clone());
-            async move { (at, reply.await) }
+            let earlier = after.on(at);
+            let (conn, call) = (conn.clone(), call.clone());
+            async move {
+                if let Some(earlier) = earlier {
+                    let _ = earlier.await;
+                }
+                (at, call_one(conn, call).await)
+            }
         })
         .collect();
     let mut replies: Replies = vec![None; conns.len()];
+    let mut answered = vec![false; conns.len()];
     while let Some((at, reply)) = out.next().await {
         if let Some(slot) = replies.get_mut(at) {
             *slot = reply;
         }
+        if let Some(a) = answered.get_mut(at) {
+            *a = true;
+        }
         if !out.is_empty() && decided(&replies) {
-            let (done, finished) = oneshot::channel();
+            let mut done: Vec<Option<oneshot::Sender<()>>> = Vec::new();
+            let mut straggling = Vec::new();
+            for a in &answered {
+                if *a {
+                    done.push(None);
+                    straggling.push(None);
+                } else {
+                    let (tx, rx) = oneshot::channel();
+                    done.push(Some(tx));
+                    straggling.push(Some(rx.shared()));
+                }
+            }
             spawn_cleanup(
                 "finish a RedLock call on the instances that had not answered",
                 async move {
-                    while out.next().await.is_some() {}
-                    let _ = done.send(());
+                    while let Some((at, _)) = out.next().await {
+                        if let Some(tx) = done.get_mut(at).and_then(Option::take) {
+                            let _ = tx.send(());
+                        }
+                    }
                 },
             );
-            return (replies, Straggling(Some(finished)));
+            return (replies, Straggling(straggling));
         }
     }
     (replies, Straggling::default())
@@ -245,13 +294,15 @@ struct ReleaseCount {
     refused: usize,
 }
 
-/// Compare-and-delete on every instance; returns once a majority released
-/// (the rest go on in the background) or all answered.
+/// Compare-and-delete on every instance, each after the call of `after`
+/// still out there; returns once a majority released (the rest go on in
+/// the background) or all answered.
 async fn release_all(
     instances: Arc<Vec<Instance>>,
     limit: Duration,
     keys: Keys,
     token: String,
+    after: Straggling,
 ) -> ReleaseCount {
     let quorum = instances.len() / 2 + 1;
     let conns: Vec<Arc<Managed>> = instances.iter().map(|i| i.conn.clone()).collect();
@@ -260,7 +311,7 @@ async fn release_all(
         ask: Ask::Script(&RELEASE, vec![token, keys.channel]),
         limit,
     };
-    let (replies, _) = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
+    let (replies, _) = on_each(&conns, call, |r| count(r, 1) >= quorum, after).await;
     ReleaseCount {
         released: count(&replies, 1),
         refused: count(&replies, 0),
@@ -289,17 +340,9 @@ impl Backend for RedLockBackend {
             let token = format!("{}.{attempt}", req.owner);
             attempt = attempt.wrapping_add(1);
             let started = Instant::now();
-            let undo = (
-                self.instances.clone(),
-                self.cfg.response_timeout,
-                keys.clone(),
-                token.clone(),
-            );
             let cleanup = CleanupOnDrop::new(
                 "release a cut-off RedLock attempt on every instance",
-                async move {
-                    release_all(undo.0, undo.1, undo.2, undo.3).await;
-                },
+                self.undo(&keys, &token, Straggling::default()),
             );
             let conns: Vec<Arc<Managed>> = self.instances.iter().map(|i| i.conn.clone()).collect();
             let call = Call {
@@ -314,7 +357,13 @@ impl Backend for RedLockBackend {
             // Granted on a majority settles it: the lease is valid from
             // `started`, and the grants still out are the lease's too
             // (renewed, released and undone like the others).
-            let (replies, straggling) = on_each(&conns, call, |r| count(r, 1) >= quorum).await;
+            let (replies, straggling) = on_each(
+                &conns,
+                call,
+                |r| count(r, 1) >= quorum,
+                Straggling::default(),
+            )
+            .await;
             let granted = count(&replies, 1);
             let answered = replies.iter().filter(|r| r.is_some()).count();
             let valid_until = validity_deadline(started, req.ttl);
@@ -334,10 +383,16 @@ impl Backend for RedLockBackend {
                     valid_until,
                 }));
             }
-            // Undo the partial grant everywhere before deciding anything,
-            // after the attempt's calls still out.
-            straggling.finished().await;
-            cleanup.run_now().await;
+            // Undo the partial grant everywhere before deciding anything:
+            // on each instance after the attempt's call there, if that is
+            // still out (also when this is dropped while undoing).
+            cleanup.disarm();
+            CleanupOnDrop::new(
+                "release a failed RedLock attempt on every instance",
+                self.undo(&keys, &token, straggling),
+            )
+            .run_now()
+            .await;
             if answered < self.quorum() {
                 return Err(Error::unavailable(
                     NAME,
@@ -386,8 +441,9 @@ struct RedLockLease {
     token: String,
     quorum: usize,
     limit: Duration,
-    /// The acquire's calls still out when it returned: a release waits for
-    /// them, so that it never reaches an instance before its own grant.
+    /// The acquire's calls still out when it returned: the release waits
+    /// for each on its instance, so that it never reaches an instance
+    /// before its own grant.
     acquiring: Mutex<Straggling>,
 }
 
@@ -426,7 +482,8 @@ impl BackendLease for RedLockLease {
                     },
                     limit: self.limit,
                 };
-                renewed += count(&on_each(&missing, call, |_| false).await.0, 1);
+                let (retaken, _) = on_each(&missing, call, |_| false, Straggling::default()).await;
+                renewed += count(&retaken, 1);
             }
         }
         let valid_until = validity_deadline(sent, ttl);
@@ -453,13 +510,15 @@ impl BackendLease for RedLockLease {
     /// this owner's; otherwise (too few answers) `Indeterminate`, and the
     /// keys that remain end by their ttl.
     async fn release(&self) -> Result<Released> {
-        let acquiring = std::mem::take(&mut *lock(&self.acquiring));
-        acquiring.finished().await;
+        // Sent on each instance after the acquire's call there, if that
+        // was still out.
+        let acquiring = lock(&self.acquiring).clone();
         let n = release_all(
             self.instances.clone(),
             self.response_timeout,
             self.keys.clone(),
             self.token.clone(),
+            acquiring,
         )
         .await;
         if n.released >= 1 {

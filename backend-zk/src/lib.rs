@@ -21,7 +21,10 @@
 //! beside our candidates (one leader among both, checked with real Curator
 //! clients), `LeaderLatch.getLeader()` names our leader's value, and our
 //! `leader()` names Curator's. Curator's `LeaderSelector` (mutex nodes) and
-//! `LeaderLatch` must not share a path, in Curator as here.
+//! `LeaderLatch` must not share a path, in Curator as here: likewise, a
+//! Curator `InterProcessMutex` or a kazoo `Lock` on an election's path does
+//! not see our candidates (nor Curator's `LeaderLatch` our plain locks),
+//! while our own locks and candidates on one name do exclude each other.
 //! All contenders are ordered by their 10-digit sequence suffix. Parents,
 //! the prefix and the chroot are created as *container* nodes, which the
 //! server reaps once empty, so short-lived names leave nothing behind.
