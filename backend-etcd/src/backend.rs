@@ -55,10 +55,11 @@ pub struct EtcdCounters {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct EtcdStats {
-    /// Deletions of their predecessor's key seen by waiters' watches. With
-    /// no herd, one hand-off costs one, however many wait.
+    /// Predecessors found gone by waiters: a deletion seen by the watch,
+    /// or the key found gone (or put again) by the look once the watch was
+    /// set up. With no herd, one hand-off costs one, however many wait.
     pub predecessor_events: u64,
-    /// Predecessor watches that found their start revision compacted (and
+    /// Predecessor watches the server ended with a compaction (and that
     /// were set up again from a fresh read).
     pub compacted_watches: u64,
 }
