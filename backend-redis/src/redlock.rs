@@ -10,12 +10,12 @@
 //! cleanup step ([`lockcore::cleanup::flush`] waits for them). A call still
 //! out may be waiting for its connection (being made again, or reloading a
 //! script), so nothing relies on the order of calls on a connection: on an
-//! instance where the acquire's call was still out, the lease's release is
-//! sent once that call finished (on the others at once), the undo
-//! of a failed attempt for that attempt's, and each attempt has a token of
-//! its own, so a late undo never deletes a later attempt's key. Each cycle
-//! is one plain `SET NX PX` and one compare-and-delete script per
-//! instance. A failed attempt is undone on every instance,
+//! instance where the acquire's call was still out, the lease's release
+//! (like the undo of a failed attempt) is sent once that call finished, on
+//! the others at once; and each attempt has a token of its own, so a late
+//! undo never deletes a later attempt's key. Each cycle is one plain
+//! `SET NX PX` and one compare-and-delete script per instance. A failed
+//! attempt is undone on every instance,
 //! also those that errored or timed out, then retried after a random delay
 //! or a release wake-up. A renewal counts only when a majority renewed;
 //! then an instance that lost the key (restarted without persistence) gets
@@ -28,7 +28,7 @@
 //! [`Fencing::None`] and guards carry no token. Where fencing matters, use one
 //! instance or a cluster (fencing while data is kept), ZooKeeper or etcd.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -37,7 +37,6 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::backend::prelude::*;
 use lockcore::cleanup::spawn_cleanup;
 use lockcore::retry::jitter_between;
-use lockcore::sync::lock;
 use tokio::sync::oneshot;
 
 use crate::backend::wait_turn;
@@ -377,7 +376,7 @@ impl Backend for RedLockBackend {
                         token,
                         quorum: self.quorum(),
                         limit,
-                        acquiring: Mutex::new(straggling),
+                        acquiring: straggling,
                     }),
                     fence: None,
                     valid_until,
@@ -444,7 +443,7 @@ struct RedLockLease {
     /// The acquire's calls still out when it returned: the release waits
     /// for each on its instance, so that it never reaches an instance
     /// before its own grant.
-    acquiring: Mutex<Straggling>,
+    acquiring: Straggling,
 }
 
 #[async_trait]
@@ -512,7 +511,7 @@ impl BackendLease for RedLockLease {
     async fn release(&self) -> Result<Released> {
         // Sent on each instance after the acquire's call there, if that
         // was still out.
-        let acquiring = lock(&self.acquiring).clone();
+        let acquiring = self.acquiring.clone();
         let n = release_all(
             self.instances.clone(),
             self.response_timeout,
