@@ -10,7 +10,7 @@
 //! the pub/sub channel
 //! `<prefix>{N}:released` on which a release wakes waiters. The braces are a
 //! hash tag: a lock's keys share one cluster slot whatever the name.
-//! RedLock writes `<owner token>.<attempt>` instead (a token per attempt;
+//! RedLock writes `<owner token>.<attempt>` instead (a token per attempt,
 //! see [`RedLockBackend`]).
 //!
 //! **Elections.** A [`lockcore::Election`]'s leader holds the lock key as

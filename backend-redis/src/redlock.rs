@@ -9,15 +9,19 @@
 //! once a majority released; its calls still out finish as a counted
 //! cleanup step ([`lockcore::cleanup::flush`] waits for them). A call still
 //! out may be waiting for its connection (being made again, or reloading a
-//! script), so nothing relies on the order of calls on a connection: on an
-//! instance where the acquire's call was still out, the lease's release
-//! (like the undo of a failed attempt) is sent once that call finished, on
-//! the others at once; and each attempt has a token of its own, so a late
-//! undo never deletes a later attempt's key. Each cycle is one plain
-//! `SET NX PX` and one compare-and-delete script per instance. A failed
-//! attempt is undone on every instance,
-//! also those that errored or timed out, then retried after a random delay
-//! or a release wake-up. A renewal counts only when a majority renewed;
+//! script), where a later call could overtake it; so, on an instance where
+//! the acquire's call was still out, the lease's release (like the undo of
+//! a failed attempt) is sent only once that call finished (answered or
+//! timed out), on the others at once. A call that timed out and still
+//! reaches the server later can leave a key on its instance (a minority)
+//! until its ttl, as with any RedLock client. Each attempt writes a token
+//! of its own, never reused in the process, so a late undo never deletes
+//! another attempt's key. Each cycle is one plain `SET NX PX` and one
+//! compare-and-delete script per instance. A failed attempt is undone on
+//! every instance, also those that errored or timed out; when fewer than a
+//! majority answered it is [`ErrorKind::Unavailable`], otherwise it is
+//! retried (at once after subscribing to release wake-ups, then after a
+//! random delay and a wake-up or the holder's pttl). A renewal counts only when a majority renewed;
 //! then an instance that lost the key (restarted without persistence) gets
 //! it back by `SET NX`, so restarts one after another never leave the
 //! holder on a minority.
@@ -28,6 +32,7 @@
 //! [`Fencing::None`] and guards carry no token. Where fencing matters, use one
 //! instance or a cluster (fencing while data is kept), ZooKeeper or etcd.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +58,12 @@ struct Instance {
     wake: Wakeups,
 }
 
-/// Locks by RedLock over independent Redis masters.
+/// Attempts made in this process: each writes a token of its own.
+static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
+
+/// Locks by RedLock over independent Redis masters. Each attempt writes
+/// `<owner token>.<attempt number>` as the key's value: a token of its own,
+/// never reused in the process.
 #[derive(Debug)]
 pub struct RedLockBackend {
     instances: std::sync::Arc<Vec<Instance>>,
@@ -117,7 +127,8 @@ impl RedLockBackend {
         .map(|_| ())
     }
 
-    /// The per-instance timeout: a tenth of the ttl, at most the response timeout.
+    /// The per-instance timeout: a tenth of the ttl, at most the response
+    /// timeout, at least 5 ms.
     fn instance_timeout(&self, ttl: Duration) -> Duration {
         (ttl / 10)
             .min(self.cfg.response_timeout)
@@ -332,12 +343,12 @@ impl Backend for RedLockBackend {
         let ttl = ttl_ms(req.ttl);
         let limit = self.instance_timeout(req.ttl);
         let mut subs: Vec<Subscription> = Vec::new();
-        let mut attempt = 0u64;
         loop {
-            // A token per attempt: the undo of one attempt, if it comes late
-            // to an instance, never deletes a later attempt's key.
-            let token = format!("{}.{attempt}", req.owner);
-            attempt = attempt.wrapping_add(1);
+            // A token per attempt, never reused in this process (`migrate:`
+            // acquires with one owner again after a cut-off pass): the undo
+            // of one attempt, if it comes late to an instance, never deletes
+            // another attempt's key.
+            let token = format!("{}.{}", req.owner, ATTEMPTS.fetch_add(1, Ordering::Relaxed));
             let started = Instant::now();
             let cleanup = CleanupOnDrop::new(
                 "release a cut-off RedLock attempt on every instance",
@@ -440,9 +451,8 @@ struct RedLockLease {
     token: String,
     quorum: usize,
     limit: Duration,
-    /// The acquire's calls still out when it returned: the release waits
-    /// for each on its instance, so that it never reaches an instance
-    /// before its own grant.
+    /// The acquire's calls still out when it returned: the release is sent
+    /// on each of their instances once the call there finished.
     acquiring: Straggling,
 }
 

@@ -263,6 +263,50 @@ async fn redlock_calls_reach_every_instance(ctx: Ctx) {
     }
 }
 
+/// Two acquisitions with one owner token (as `migrate:` makes, acquiring
+/// again on its new backend after a pass was cut off) write different
+/// tokens on the servers: an undo of one that comes late to an instance
+/// never deletes the other's key.
+async fn redlock_tokens_are_never_reused(ctx: Ctx) {
+    use lockcore::backend::{AcquireRequest, Backend, Deadline, OwnerToken};
+    let cfg = lockcore_redis::RedisConfig::parse(&ctx.config).expect("config");
+    let b = lockcore_redis::RedLockBackend::connect(cfg)
+        .await
+        .expect("connect");
+    let name = ctx.name("tokens");
+    let key = lockcore_redis::lock_key("lock:", &name);
+    let owner = OwnerToken::random();
+    let lost = lockcore::backend::prelude::CancellationToken::new();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let g = b
+            .acquire(AcquireRequest {
+                name: &name,
+                owner,
+                ttl: Duration::from_secs(10),
+                deadline: Deadline::Now,
+                lost: &lost,
+                value: None,
+            })
+            .await
+            .expect("acquire")
+            .expect("free");
+        let host = &redlock_hosts()[0];
+        until(
+            "the key on the first instance",
+            Duration::from_secs(5),
+            || async { raw_get(host, &key).await.is_some() },
+        )
+        .await;
+        seen.push(raw_get(host, &key).await.expect("the key"));
+        g.lease.release().await.expect("release");
+    }
+    assert_ne!(
+        seen[0], seen[1],
+        "one owner's two acquisitions wrote one token"
+    );
+}
+
 /// With two of five masters down RedLock still acquires; with three down it
 /// fails cleanly, leaving nothing held on the two that live.
 async fn redlock_majority_rules(ctx: Ctx) {
@@ -822,6 +866,9 @@ fn main() -> std::process::ExitCode {
         .only_own_cases()
         .case("redlock_calls_reach_every_instance", |ctx| {
             Box::pin(redlock_calls_reach_every_instance(ctx))
+        })
+        .case("redlock_tokens_are_never_reused", |ctx| {
+            Box::pin(redlock_tokens_are_never_reused(ctx))
         })
         .case("redlock_majority_rules", |ctx| {
             Box::pin(redlock_majority_rules(ctx))
