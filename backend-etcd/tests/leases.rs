@@ -212,6 +212,7 @@ async fn a_second_release_leaves_a_reused_lease_alone(ctx: Ctx) {
         deadline: Deadline::Now,
         lost: &lost,
         value: None,
+        mode: lockcore::Mode::Exclusive,
     };
     let (a, n): (&'static str, &'static str) = (a.leak(), n.leak());
     let g1 = b.acquire(req(a)).await.unwrap().expect("a");

@@ -287,6 +287,7 @@ async fn redlock_tokens_are_never_reused(ctx: Ctx) {
                 deadline: Deadline::Now,
                 lost: &lost,
                 value: None,
+                mode: lockcore::Mode::Exclusive,
             })
             .await
             .expect("acquire")

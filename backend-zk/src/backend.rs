@@ -277,11 +277,13 @@ impl Backend for ZkBackend {
             .push_wakeup(true)
             .inspect(true)
             .values(true)
+            .rw_layout(self.cfg.rwlock)
     }
 
-    /// Creates `_c_<uuid>-lock-<seq>` (`-latch-` with a value) under the
-    /// name's parent, then waits
-    /// for the predecessor node to go, watching only it.
+    /// Creates `_c_<uuid>-lock-<seq>` (`-latch-` with a value, `-__READ__`
+    /// and `-__WRIT__` for a reader and a writer) under the name's parent,
+    /// then waits for the node it queues behind to go, watching only it:
+    /// its predecessor, or for a reader the last writer before it.
     ///
     /// # Cancel safety
     ///
@@ -295,7 +297,7 @@ impl Backend for ZkBackend {
         let session = self.session(req.ttl).await?;
         check_ttl(&session, req.ttl)?;
         let parent = self.lock_parent(req.name);
-        let prefix = recipe::node_prefix(req.owner, req.value.is_some());
+        let prefix = recipe::node_prefix(req.owner, req.value.is_some(), req.mode);
         let cleanup = CleanupOnDrop::new(
             "delete the lock node of a dropped acquisition",
             delete_ours(session.clone(), parent.clone(), prefix.clone()),
@@ -332,7 +334,7 @@ impl Backend for ZkBackend {
             let Some(pos) = queue.iter().position(|c| c.name == node) else {
                 return Err(vanished(&parent));
             };
-            if pos == 0 {
+            let Some(blocker) = recipe::blocker(&queue, pos) else {
                 cleanup.disarm();
                 let lease = ZkLease::new(
                     session.clone(),
@@ -346,12 +348,12 @@ impl Backend for ZkBackend {
                     fence: u64::try_from(czxid).ok(),
                     valid_until: session.valid_until(sent, req.ttl),
                 }));
-            }
+            };
             if req.deadline.passed(Instant::now()) {
                 cleanup.run_now().await;
                 return Ok(None);
             }
-            let pred = format!("{parent}/{}", queue[pos - 1].name);
+            let pred = format!("{parent}/{}", blocker.name);
             if !self
                 .watch_predecessor(&session, &pred, req.deadline)
                 .await?
@@ -362,7 +364,8 @@ impl Backend for ZkBackend {
         }
     }
 
-    /// The first contender is the holder; the others wait.
+    /// The first contender is the holder; the others are counted as
+    /// waiting (also readers that read beside a first reader).
     ///
     /// # Cancel safety
     ///

@@ -20,6 +20,7 @@
 //! | `connect_timeout_ms` | `5000` | how long to wait for a session to be established |
 //! | `connection_timeout_ms` | `4000` | idle time after which a connection counts as broken (capped at 2/5 of the session timeout) |
 //! | `request_timeout_ms` | `5000` | how long one request may take, retries across a reconnect included, before it fails with `Unavailable` (or `Indeterminate` for a node creation) |
+//! | `rwlock` | `curator` | the layout of a read-write lock: `curator` (Curator's `InterProcessReadWriteLock`, [`RwLayout::Native`]) or `built` (from locks, as on the other backends, [`RwLayout::Built`]: for a `migrate:` from a backend that builds it; every client of a name must use the same) |
 //!
 //! The session timeout is not an option: it comes from each lock's ttl (see
 //! the crate docs).
@@ -27,7 +28,7 @@
 use std::time::Duration;
 
 use lockcore::address::{redact, Secret, ServerUrl};
-use lockcore::{Error, Result};
+use lockcore::{Error, Result, RwLayout};
 
 /// The backend's short name in errors and logs.
 pub const NAME: &str = "zookeeper";
@@ -68,6 +69,9 @@ pub struct ZkConfig {
     pub connection_timeout: Duration,
     /// How long one request may take, retries across a reconnect included.
     pub request_timeout: Duration,
+    /// The layout of a read-write lock: Curator's ([`RwLayout::Native`],
+    /// the default) or built from locks ([`RwLayout::Built`]).
+    pub rwlock: RwLayout,
 }
 
 impl ZkConfig {
@@ -82,6 +86,7 @@ impl ZkConfig {
             connect_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(4),
             request_timeout: Duration::from_secs(5),
+            rwlock: RwLayout::Native,
         }
     }
 
@@ -154,6 +159,17 @@ impl ZkConfig {
                 }
             }
         }
+        if let Some(v) = o.string("rwlock") {
+            cfg.rwlock = match v.as_str() {
+                "curator" => RwLayout::Native,
+                "built" => RwLayout::Built,
+                other => {
+                    return Err(bad(format!(
+                        "rwlock={other:?} is unknown (expected curator or built)"
+                    )))
+                }
+            }
+        }
         for (key, field) in [
             ("connect_timeout_ms", &mut cfg.connect_timeout),
             ("connection_timeout_ms", &mut cfg.connection_timeout),
@@ -218,6 +234,9 @@ mod tests {
         assert!(!format!("{c:?}").contains("p@ss"));
         let c = ZkConfig::parse("zk://127.0.0.1:12181").unwrap();
         assert_eq!(c.base(), "/lockcore");
+        assert_eq!(c.rwlock, RwLayout::Native);
+        let c = ZkConfig::parse("zk://h?rwlock=built").unwrap();
+        assert_eq!(c.rwlock, RwLayout::Built);
     }
 
     #[test]
@@ -229,6 +248,7 @@ mod tests {
             ("zk://h?bogus=1", "unknown option \"bogus\""),
             ("zk://h?acl=creator", "need digest credentials"),
             ("zk://h?acl=everyone", "acl=\"everyone\""),
+            ("zk://h?rwlock=shared", "rwlock=\"shared\""),
             ("zk://h?prefix=rel", "must start with"),
             ("redis://h", "unknown scheme"),
             ("zk://u:secret@h:1?connect_timeout_ms=x", "milliseconds"),

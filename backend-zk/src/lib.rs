@@ -1,6 +1,7 @@
 //! ZooKeeper backend for [`lockcore`]: ephemeral sequential nodes, fair and
-//! herd-free, interoperable with Apache Curator's `InterProcessMutex` and
-//! kazoo's `Lock`.
+//! herd-free, interoperable with Apache Curator's `InterProcessMutex`,
+//! `LeaderLatch` and `InterProcessReadWriteLock`, and kazoo's `Lock`,
+//! `ReadLock` and `WriteLock`.
 //!
 //! **Paths.** A lock name `N` maps to the parent node
 //! `<chroot><prefix>/<encode_segment(N)>` (prefix `/lockcore` by default,
@@ -25,6 +26,25 @@
 //! Curator `InterProcessMutex` or a kazoo `Lock` on an election's path does
 //! not see our candidates (nor Curator's `LeaderLatch` our plain locks),
 //! while our own locks and candidates on one name do exclude each other.
+//!
+//! A [`lockcore::RwLock`] takes its name itself, in Curator's
+//! `InterProcessReadWriteLock` layout ([`lockcore::RwLayout::Native`]): a
+//! reader creates `_c_<uuid>-__READ__<seq>`, a writer
+//! `_c_<uuid>-__WRIT__<seq>`, in one queue. A writer holds when it is first;
+//! a reader holds when no writer (nor any other non-reader) is queued before
+//! it, and waits on the last one that is. So `new
+//! InterProcessReadWriteLock(client, "<prefix>/<segment>")` reads beside
+//! our readers and excludes and is excluded by our writers (checked with
+//! real Curator clients), and writers are not starved: a reader arriving
+//! after a waiting writer waits for it. kazoo's `ReadLock` nodes
+//! (`<uuid>__rlock__<seq>`) count as readers and its `WriteLock` nodes
+//! (`__lock__`) as writers; kazoo sees ours with
+//! `extra_lock_patterns=["__WRIT__", "-lock-"]` on a `ReadLock`, and
+//! `["__WRIT__", "__READ__", "-lock-"]` on a `WriteLock`. There is no
+//! reader limit. The URL option `rwlock=built` lays read-write locks out
+//! from locks instead, as on the other backends (for a `migrate:` from
+//! one of them; see [`config`]).
+//!
 //! All contenders are ordered by their 10-digit sequence suffix. Parents,
 //! the prefix and the chroot are created as *container* nodes, which the
 //! server reaps once empty, so short-lived names leave nothing behind.
@@ -52,7 +72,9 @@
 //! **Fencing.** The token is the lock node's creation zxid (`czxid`): zxids
 //! grow strictly across the whole ensemble and across leader elections, and
 //! unlike sequence numbers they do not restart when a reaped parent is
-//! created again ([`Fencing::Strict`](lockcore::Fencing)).
+//! created again ([`Fencing::Strict`](lockcore::Fencing)). A read-write
+//! lock's writers' tokens rise strictly; a reader's is above every earlier
+//! writer's and below every later one's.
 //!
 //! ```no_run
 //! # #[tokio::main(flavor = "current_thread")]

@@ -1,16 +1,23 @@
 //! Node names of the lock recipe: Curator's `InterProcessMutex` layout, with
-//! kazoo's `Lock` nodes recognised as contenders, and Curator's
-//! `LeaderLatch` layout for a lease that carries a value (an election).
+//! kazoo's `Lock` nodes recognised as contenders, Curator's `LeaderLatch`
+//! layout for a lease that carries a value (an election), and Curator's
+//! `InterProcessReadWriteLock` layout for a read-write lock, with kazoo's
+//! `ReadLock` and `WriteLock` nodes recognised.
 //!
 //! - ours (and Curator's): `_c_<uuid>-lock-<seq>`
 //! - ours with a value (and Curator's `LeaderLatch`): `_c_<uuid>-latch-<seq>`
-//! - kazoo's: `<uuid hex>__lock__<seq>`
+//! - a reader and a writer of ours (and Curator's): `_c_<uuid>-__READ__<seq>`
+//!   and `_c_<uuid>-__WRIT__<seq>`
+//! - kazoo's `Lock` and `WriteLock`: `<uuid hex>__lock__<seq>`; its
+//!   `ReadLock`: `<uuid hex>__rlock__<seq>`
 //!
 //! `<seq>` is the 10-digit sequence suffix ZooKeeper appends (`-` and 10
 //! digits once the parent's counter overflowed). Every contender is ordered
-//! by it; children that match neither form are not contenders.
+//! by it; children that match no form are not contenders. A reader waits
+//! only for the non-readers queued before it; every other contender waits
+//! for everyone queued before it.
 
-use lockcore::OwnerToken;
+use lockcore::{Mode, OwnerToken};
 
 /// Curator's lock name for `InterProcessMutex`.
 const CURATOR_MARK: &str = "-lock-";
@@ -18,6 +25,22 @@ const CURATOR_MARK: &str = "-lock-";
 const LATCH_MARK: &str = "-latch-";
 /// kazoo's `Lock` node marker.
 const KAZOO_MARK: &str = "__lock__";
+/// Curator's lock name for `InterProcessReadWriteLock`'s readers.
+const READ_MARK: &str = "__READ__";
+/// Curator's lock name for `InterProcessReadWriteLock`'s writers.
+const WRITE_MARK: &str = "__WRIT__";
+/// kazoo's `ReadLock` node marker.
+const KAZOO_READ_MARK: &str = "__rlock__";
+
+/// Every marker, with whether it marks a reader.
+const MARKS: [(&str, bool); 6] = [
+    (CURATOR_MARK, false),
+    (LATCH_MARK, false),
+    (KAZOO_MARK, false),
+    (WRITE_MARK, false),
+    (READ_MARK, true),
+    (KAZOO_READ_MARK, true),
+];
 
 /// The owner token written as a UUID (8-4-4-4-12 lowercase hex), as Curator
 /// writes its protection id.
@@ -34,41 +57,62 @@ pub(crate) fn uuid_of(owner: OwnerToken) -> String {
 }
 
 /// The prefix of our node for `owner` (ZooKeeper appends the sequence):
-/// a `LeaderLatch` participant's for a lease with a value (a candidate of
-/// an election), else an `InterProcessMutex` contender's.
-pub(crate) fn node_prefix(owner: OwnerToken, with_value: bool) -> String {
-    let mark = if with_value { LATCH_MARK } else { CURATOR_MARK };
-    format!("_c_{}{mark}", uuid_of(owner))
+/// an `InterProcessReadWriteLock` reader's or writer's for those modes, a
+/// `LeaderLatch` participant's for a lease with a value (a candidate of an
+/// election), else an `InterProcessMutex` contender's. Curator writes the
+/// read-write lock's as `_c_<uuid>-` then its lock name.
+pub(crate) fn node_prefix(owner: OwnerToken, with_value: bool, mode: Mode) -> String {
+    let uuid = uuid_of(owner);
+    match mode {
+        Mode::Read => format!("_c_{uuid}-{READ_MARK}"),
+        Mode::Write => format!("_c_{uuid}-{WRITE_MARK}"),
+        _ if with_value => format!("_c_{uuid}{LATCH_MARK}"),
+        _ => format!("_c_{uuid}{CURATOR_MARK}"),
+    }
 }
 
-/// The sequence number of a contender node, or `None` when `child` is not one.
-pub(crate) fn sequence_of(child: &str) -> Option<i64> {
-    let suffix = [CURATOR_MARK, LATCH_MARK, KAZOO_MARK]
+/// The sequence number of a contender node and whether it is a reader, or
+/// `None` when `child` is not a contender.
+pub(crate) fn sequence_of(child: &str) -> Option<(i64, bool)> {
+    let (suffix, reader) = MARKS
         .iter()
-        .filter_map(|m| child.rfind(m).map(|i| &child[i + m.len()..]))
-        .min_by_key(|s| s.len())?;
+        .filter_map(|(m, reader)| child.rfind(m).map(|i| (&child[i + m.len()..], *reader)))
+        .min_by_key(|(s, _)| s.len())?;
     let digits = suffix.strip_prefix('-').unwrap_or(suffix);
     if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    suffix.parse().ok()
+    suffix.parse().ok().map(|seq| (seq, reader))
 }
 
-/// A contender node: its name and sequence number.
+/// A contender node: its name, sequence number, and whether it is a reader.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Contender {
     pub(crate) name: String,
     pub(crate) seq: i64,
+    pub(crate) reader: bool,
 }
 
 /// The contenders among `children`, in queue order (by sequence number).
 pub(crate) fn contenders(children: Vec<String>) -> Vec<Contender> {
     let mut v: Vec<Contender> = children
         .into_iter()
-        .filter_map(|name| sequence_of(&name).map(|seq| Contender { name, seq }))
+        .filter_map(|name| sequence_of(&name).map(|(seq, reader)| Contender { name, seq, reader }))
         .collect();
     v.sort_by(|a, b| a.seq.cmp(&b.seq).then_with(|| a.name.cmp(&b.name)));
     v
+}
+
+/// The contender that the one at `pos` of `queue` waits for, or `None`
+/// when it holds: for a reader the last non-reader before it, for any
+/// other the one just before it.
+pub(crate) fn blocker(queue: &[Contender], pos: usize) -> Option<&Contender> {
+    let before = queue.get(..pos)?;
+    if queue.get(pos)?.reader {
+        before.iter().rev().find(|c| !c.reader)
+    } else {
+        before.last()
+    }
 }
 
 #[cfg(test)]
@@ -80,12 +124,20 @@ mod tests {
         let o = OwnerToken::from_u128(0x0123456789abcdef_fedcba9876543210);
         assert_eq!(uuid_of(o), "01234567-89ab-cdef-fedc-ba9876543210");
         assert_eq!(
-            node_prefix(o, false),
+            node_prefix(o, false, Mode::Exclusive),
             "_c_01234567-89ab-cdef-fedc-ba9876543210-lock-"
         );
         assert_eq!(
-            node_prefix(o, true),
+            node_prefix(o, true, Mode::Exclusive),
             "_c_01234567-89ab-cdef-fedc-ba9876543210-latch-"
+        );
+        assert_eq!(
+            node_prefix(o, false, Mode::Read),
+            "_c_01234567-89ab-cdef-fedc-ba9876543210-__READ__"
+        );
+        assert_eq!(
+            node_prefix(o, false, Mode::Write),
+            "_c_01234567-89ab-cdef-fedc-ba9876543210-__WRIT__"
         );
     }
 
@@ -93,21 +145,42 @@ mod tests {
     fn recognises_curator_latch_and_kazoo_nodes() {
         assert_eq!(
             sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-lock-0000000042"),
-            Some(42)
+            Some((42, false))
         );
         assert_eq!(
             sequence_of("0123456789abcdef0123456789abcdef__lock__0000000007"),
-            Some(7)
+            Some((7, false))
         );
         assert_eq!(
             sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-latch-0000000009"),
-            Some(9)
+            Some((9, false))
         );
-        assert_eq!(sequence_of("x-lock--2147483648"), Some(-2147483648));
+        assert_eq!(
+            sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-__WRIT__0000000011"),
+            Some((11, false))
+        );
+        assert_eq!(
+            sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-__READ__0000000012"),
+            Some((12, true))
+        );
+        assert_eq!(
+            sequence_of("0123456789abcdef0123456789abcdef__rlock__0000000013"),
+            Some((13, true))
+        );
+        // A uuid is hex, so no marker hides in it; the last marker counts.
+        assert_eq!(
+            sequence_of("_c_x-lock-__READ__0000000014"),
+            Some((14, true))
+        );
+        assert_eq!(
+            sequence_of("x-lock--2147483648"),
+            Some((-2147483648, false))
+        );
         for not in [
             "leader",
             "_c_x-latch-000000001",
-            "x__rlock__0000000001",
+            "x__rlock__000000001",
+            "x__READ__",
             "x-lock-123",
             "x-lock-00000000001",
             "x-lock-000000000a",
@@ -127,5 +200,31 @@ mod tests {
         let seqs: Vec<i64> = c.iter().map(|c| c.seq).collect();
         assert_eq!(seqs, [1, 2, 3]);
         assert_eq!(c[0].name, "ffff__lock__0000000001");
+    }
+
+    #[test]
+    fn readers_wait_only_for_the_writers_before_them() {
+        let q = contenders(vec![
+            "_c_a-__READ__0000000001".into(),
+            "_c_b-__WRIT__0000000002".into(),
+            "c__rlock__0000000003".into(),
+            "_c_d-__READ__0000000004".into(),
+            "e__lock__0000000005".into(),
+            "_c_f-lock-0000000006".into(),
+            "_c_g-__READ__0000000007".into(),
+        ]);
+        let waits: Vec<Option<i64>> = (0..q.len())
+            .map(|pos| blocker(&q, pos).map(|c| c.seq))
+            .collect();
+        assert_eq!(
+            waits,
+            [None, Some(1), Some(2), Some(2), Some(4), Some(5), Some(6)]
+        );
+        let readers = contenders(vec![
+            "_c_a-__READ__0000000001".into(),
+            "b__rlock__0000000002".into(),
+        ]);
+        assert!(blocker(&readers, 0).is_none() && blocker(&readers, 1).is_none());
+        assert!(blocker(&readers, 2).is_none(), "out of range");
     }
 }

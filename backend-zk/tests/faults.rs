@@ -640,6 +640,56 @@ async fn curator_and_kazoo_nodes_are_contenders(ctx: Ctx) {
     }
 }
 
+/// kazoo's `ReadLock` and `WriteLock` nodes, written as kazoo writes them:
+/// our reader reads beside a kazoo reader and waits for a kazoo writer;
+/// our writer waits for either.
+async fn kazoo_read_and_write_nodes_are_contenders(ctx: Ctx) {
+    let cfg = cfg(&ctx);
+    let l = Locker::from_arc(backend(&ctx).await);
+    let raw = raw(&ctx).await;
+    let dir = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+    let eph = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    for (case, mark, reads_beside) in [("rlock", "__rlock__", true), ("wlock", "__lock__", false)] {
+        let name = ctx.name(case);
+        let rw = lockcore::RwLock::new(&l, &name).expect("rwlock");
+        let parent = lockcore_zk::lock_parent(&cfg, &name);
+        raw.mkdir(&parent, &dir).await.expect("parent");
+        let (_, seq) = raw
+            .create(
+                &format!("{parent}/8f14e45fceea167a5a36dedd4bea2543{mark}"),
+                b"",
+                &eph,
+            )
+            .await
+            .expect("kazoo node");
+        let read = rw.try_read().await.expect("try_read");
+        assert_eq!(
+            read.is_some(),
+            reads_beside,
+            "our reader beside a kazoo {case}"
+        );
+        if let Some(r) = read {
+            r.release().await.expect("release");
+        }
+        assert!(
+            rw.try_write().await.expect("try_write").is_none(),
+            "our writer beside a kazoo {case}"
+        );
+        raw.delete(
+            &format!("{parent}/8f14e45fceea167a5a36dedd4bea2543{mark}{seq}"),
+            None,
+        )
+        .await
+        .expect("kazoo release");
+        let w = rw
+            .try_write()
+            .await
+            .expect("try_write")
+            .expect("free again");
+        w.release().await.expect("release");
+    }
+}
+
 /// A real Curator client (Java, `backend-zk/tests/curator/CuratorProbe.java`
 /// on Debian's `libcurator-recipes-java`), driven line by line.
 struct Curator {
@@ -818,6 +868,88 @@ async fn curator_mutex_interoperates(ctx: Ctx) {
     c.stop().await;
 }
 
+/// Our read-write lock and Curator's `InterProcessReadWriteLock` on one
+/// path, with real Curator clients: readers share across both, a writer
+/// of either side excludes the other side's readers and writers, and a
+/// waiting writer of ours holds back Curator's new readers (writers first
+/// on both sides: one queue of `_c_<uuid>-__READ__<seq>` and
+/// `-__WRIT__<seq>` nodes).
+async fn curator_rwlock_interoperates(ctx: Ctx) {
+    let l = Locker::from_arc(backend(&ctx).await);
+    let name = ctx.name("rw");
+    let path = lockcore_zk::lock_parent(&cfg(&ctx), &name);
+    let ours = lockcore::RwLock::new(&l, &name).expect("rwlock");
+    let mut c = Curator::start(&ctx, &path, "java").await;
+
+    // Curator reads: ours reads beside it, and cannot write.
+    assert_eq!(c.ask("read 5000").await, "locked");
+    let r = ours.try_read().await.expect("try_read");
+    r.expect("our reader was refused beside Curator's")
+        .release()
+        .await
+        .expect("release");
+    assert!(
+        ours.try_write().await.expect("try_write").is_none(),
+        "we wrote beside Curator's reader"
+    );
+
+    // Our writer waits for Curator's reader, and holds back Curator's next.
+    let writer = {
+        let ours = ours.clone();
+        tokio::spawn(async move {
+            ours.write(&LockOptions::new().wait(lockcore::Wait::For(Duration::from_secs(30))))
+                .await
+                .expect("write")
+                .expect("a write lock")
+        })
+    };
+    until_waiters(&l, &name, 1).await;
+    let mut d = Curator::start(&ctx, &path, "java-d").await;
+    assert_eq!(
+        d.ask("read 300").await,
+        "busy",
+        "Curator's new reader passed our waiting writer"
+    );
+    assert_eq!(c.ask("unread").await, "unlocked");
+    let w = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("ours writes once Curator's reader left")
+        .expect("task");
+    assert_eq!(
+        d.ask("read 300").await,
+        "busy",
+        "Curator read while we wrote"
+    );
+    assert_eq!(
+        d.ask("write 300").await,
+        "busy",
+        "Curator wrote while we wrote"
+    );
+    w.release().await.expect("release");
+
+    // Curator writes: ours can neither read nor write.
+    assert_eq!(c.ask("write 5000").await, "locked");
+    assert!(
+        ours.try_read().await.expect("try_read").is_none(),
+        "we read while Curator wrote"
+    );
+    assert!(
+        ours.try_write().await.expect("try_write").is_none(),
+        "we wrote while Curator wrote"
+    );
+    assert_eq!(c.ask("unwrite").await, "unlocked");
+    let r = ours
+        .try_read()
+        .await
+        .expect("try_read")
+        .expect("free again");
+    assert_eq!(d.ask("read 5000").await, "locked", "readers share");
+    assert_eq!(d.ask("unread").await, "unlocked");
+    r.release().await.expect("release");
+    c.stop().await;
+    d.stop().await;
+}
+
 /// A ttl below the server's minSessionTimeout (2 s here) is raised, with an
 /// honest validity; one above maxSessionTimeout (60 s) is refused, naming it.
 async fn ttl_outside_server_bounds(ctx: Ctx) {
@@ -901,6 +1033,12 @@ fn main() -> std::process::ExitCode {
         })
         .case("curator_leader_latch_interoperates", |ctx| {
             Box::pin(curator_leader_latch_interoperates(ctx))
+        })
+        .case("kazoo_read_and_write_nodes_are_contenders", |ctx| {
+            Box::pin(kazoo_read_and_write_nodes_are_contenders(ctx))
+        })
+        .case("curator_rwlock_interoperates", |ctx| {
+            Box::pin(curator_rwlock_interoperates(ctx))
         })
         .case(
             "expired_session_fires_lost_and_next_waiter_gets_it",

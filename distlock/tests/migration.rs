@@ -65,6 +65,50 @@ async fn offset_keeps_tokens_rising(
     }
 }
 
+/// A read-write lock under `migrate:` from Redis to ZooKeeper: refused
+/// while ZooKeeper keeps Curator's layout, and with `rwlock=built` on the
+/// ZooKeeper URL, a migrating reader and the plain clients' writers on
+/// either server exclude each other.
+async fn rwlock_migrates_with_the_built_layout(name: String) {
+    let (redis, zk) = (var("LOCKTEST_REDIS_URL"), var("LOCKTEST_ZK_URL"));
+    let refused = distlock::connect(&migrating("LOCKTEST_ZK_URL"))
+        .await
+        .expect("migrating");
+    let e = distlock::RwLock::new(&refused, &name).expect_err("layouts differ");
+    assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("rwlock=built"), "{e}");
+
+    let built = format!("{zk}?rwlock=built");
+    let url = format!("migrate:{redis}|{built}#fence_offset={OFFSET}");
+    let rw = |l: &lockcore::Locker| distlock::RwLock::new(l, &name).expect("rwlock");
+    let migrating = rw(&distlock::connect(&url).await.expect("migrating"));
+    let old_only = rw(&distlock::connect(&redis).await.expect("old"));
+    let new_only = rw(&distlock::connect(&built).await.expect("new"));
+
+    let w = old_only.try_write().await.expect("try").expect("free");
+    assert!(
+        migrating.try_read().await.expect("try").is_none(),
+        "a migrating reader beside a Redis writer"
+    );
+    w.release().await.expect("release");
+    let r = migrating.try_read().await.expect("try").expect("free");
+    for (side, l) in [("Redis", &old_only), ("ZooKeeper", &new_only)] {
+        assert!(
+            l.try_write().await.expect("try").is_none(),
+            "a {side} writer beside a migrating reader"
+        );
+        let other = l.try_read().await.expect("try").expect("readers share");
+        other.release().await.expect("release");
+    }
+    r.release().await.expect("release");
+    let w = new_only.try_write().await.expect("try").expect("free");
+    assert!(
+        migrating.try_write().await.expect("try").is_none(),
+        "a migrating writer beside a ZooKeeper writer"
+    );
+    w.release().await.expect("release");
+}
+
 fn main() -> std::process::ExitCode {
     run(vec![
         // The conformance suite on the migrating backend.
@@ -85,6 +129,9 @@ fn main() -> std::process::ExitCode {
                 var("LOCKTEST_ZK_URL"),
                 ctx.name("offset"),
             ))
+        })
+        .case("rwlock_migrates_with_the_built_layout", |ctx| {
+            Box::pin(rwlock_migrates_with_the_built_layout(ctx.name("rw")))
         }),
         target("migrate-redis-etcd", REDIS_ETCD, || {
             migrating("LOCKTEST_ETCD_URL")

@@ -201,11 +201,31 @@ pub mod prelude {
 
     pub use super::{
         now, validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease,
-        Deadline, Grant, HolderInfo, LockInfo, OwnerToken, Released, Renewal,
+        Deadline, Grant, HolderInfo, LockInfo, Mode, OwnerToken, Released, Renewal,
     };
-    pub use crate::capabilities::{Capabilities, Fencing, LeaseKind};
+    pub use crate::capabilities::{Capabilities, Fencing, LeaseKind, RwLayout};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};
     pub use crate::error::{Error, ErrorKind, Result};
+}
+
+/// How an acquisition takes its name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Alone: a lock, or an election's candidate.
+    #[default]
+    Exclusive,
+    /// As a reader of a read-write lock in the backend's own layout:
+    /// beside other readers, not beside a writer or an exclusive holder,
+    /// and behind any of those queued before it (writers first). Asked
+    /// only of a backend whose capabilities declare
+    /// [`RwLayout::Native`](crate::RwLayout::Native).
+    Read,
+    /// As a writer of a read-write lock in the backend's own layout: alone,
+    /// like [`Mode::Exclusive`], in the layout's writer form. Asked only of
+    /// a backend whose capabilities declare
+    /// [`RwLayout::Native`](crate::RwLayout::Native).
+    Write,
 }
 
 /// One acquisition, as [`Locker`](crate::Locker) hands it to the backend.
@@ -230,6 +250,9 @@ pub struct AcquireRequest<'a> {
     /// lock. A backend whose capabilities do not declare
     /// [`values`](Capabilities::values) ignores it.
     pub value: Option<&'a str>,
+    /// How the name is taken: [`Mode::Exclusive`] but for a read-write
+    /// lock on a backend with a [native layout](crate::RwLayout::Native).
+    pub mode: Mode,
 }
 
 /// A lease granted by the backend.

@@ -36,6 +36,24 @@ pub enum LeaseKind {
     Connection,
 }
 
+/// How a backend lays out a [`RwLock`](crate::RwLock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RwLayout {
+    /// Built from the backend's locks: a writers' gate and reader slots
+    /// (see [`rwlock`](crate::rwlock)).
+    #[default]
+    Built,
+    /// The backend's own layout, taken with [`Mode::Read`](crate::Mode::Read)
+    /// and [`Mode::Write`](crate::Mode::Write) on the lock's name (Curator's
+    /// `InterProcessReadWriteLock` on ZooKeeper).
+    Native,
+    /// None: a `migrate:` pair whose backends lay it out differently. A
+    /// client taking one layout on each would not exclude the plain
+    /// clients of either, so there is no read-write lock on it.
+    Unsupported,
+}
+
 /// What a backend can promise.
 ///
 /// Build with [`Capabilities::new`] and the setters:
@@ -67,10 +85,13 @@ pub struct Capabilities {
     /// that [`Backend::inspect`](crate::Backend::inspect) reads back: what an
     /// [`Election`](crate::Election) needs to tell observers who leads.
     pub values: bool,
+    /// How a [`RwLock`](crate::RwLock) is laid out on this backend.
+    pub rw_layout: RwLayout,
 }
 
 impl Capabilities {
-    /// Not fair, no push wake-up, no inspection, no values, cross-process.
+    /// Not fair, no push wake-up, no inspection, no values, cross-process,
+    /// read-write locks [built from locks](RwLayout::Built).
     pub const fn new(fencing: Fencing, lease: LeaseKind) -> Self {
         Capabilities {
             fencing,
@@ -80,6 +101,7 @@ impl Capabilities {
             inspect: false,
             cross_process: true,
             values: false,
+            rw_layout: RwLayout::Built,
         }
     }
 
@@ -115,6 +137,13 @@ impl Capabilities {
     #[must_use]
     pub const fn values(mut self, v: bool) -> Self {
         self.values = v;
+        self
+    }
+
+    /// Sets [`rw_layout`](Capabilities::rw_layout).
+    #[must_use]
+    pub const fn rw_layout(mut self, v: RwLayout) -> Self {
+        self.rw_layout = v;
         self
     }
 

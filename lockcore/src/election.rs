@@ -171,7 +171,7 @@ impl Election {
         let guard = self
             .locker
             .clone()
-            .acquire_with_value(&self.name, opts, Some(value))
+            .acquire_with(&self.name, opts, Some(value), crate::Mode::Exclusive)
             .await?;
         Ok(guard.map(|guard| Leadership {
             guard,

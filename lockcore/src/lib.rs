@@ -71,10 +71,10 @@ mod watchdog;
 
 pub use async_trait::async_trait;
 pub use backend::{
-    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, OwnerToken,
+    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, Mode, OwnerToken,
     Released, Renewal,
 };
-pub use capabilities::{Capabilities, Fencing, LeaseKind};
+pub use capabilities::{Capabilities, Fencing, LeaseKind, RwLayout};
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;

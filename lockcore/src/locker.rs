@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{AcquireRequest, Backend, Deadline, LockInfo, OwnerToken};
-use crate::capabilities::Capabilities;
+use crate::backend::{AcquireRequest, Backend, Deadline, LockInfo, Mode, OwnerToken};
+use crate::capabilities::{Capabilities, RwLayout};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::held::Held;
@@ -210,24 +210,33 @@ impl Locker {
     /// Cancel safe: dropping the future at any point leaves nothing held or
     /// queued on the server after at most one cleanup round trip.
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        self.acquire_with_value(name, opts, None).await
+        self.acquire_with(name, opts, None, Mode::Exclusive).await
     }
 
     /// [`acquire`](Locker::acquire), with a value stored beside the lease
-    /// where the backend keeps one (see [`AcquireRequest::value`]).
+    /// where the backend keeps one (see [`AcquireRequest::value`]), in
+    /// `mode` (see [`AcquireRequest::mode`]).
     ///
     /// # Cancel safety
     ///
     /// As [`acquire`](Locker::acquire).
-    pub(crate) async fn acquire_with_value(
+    pub(crate) async fn acquire_with(
         &self,
         name: &str,
         opts: &LockOptions,
         value: Option<&str>,
+        mode: Mode,
     ) -> Result<Option<LockGuard>> {
         let backend = self.backend.name();
         validate_name(backend, name)?;
         opts.validate(backend)?;
+        if mode != Mode::Exclusive && self.capabilities().rw_layout != RwLayout::Native {
+            return Err(Error::invalid_config(
+                backend,
+                "this backend has no read-write lock layout of its own",
+            )
+            .with_name(name));
+        }
         let wait = opts.get_wait();
         let deadline = match wait {
             Wait::Try => Deadline::Now,
@@ -267,6 +276,7 @@ impl Locker {
             deadline,
             lost: &lost,
             value,
+            mode,
         };
         let attempt = self.backend.acquire(req);
         let grant = match deadline.instant() {

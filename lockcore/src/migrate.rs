@@ -65,7 +65,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{
     now, AcquireRequest, Backend, BackendLease, Grant, LockInfo, Released, Renewal,
 };
-use crate::capabilities::{Capabilities, Fencing, LeaseKind};
+use crate::capabilities::{Capabilities, Fencing, LeaseKind, RwLayout};
 use crate::cleanup::CleanupOnDrop;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -241,6 +241,11 @@ impl Backend for Migrating {
         .inspect(a.inspect && b.inspect)
         .cross_process(a.cross_process && b.cross_process)
         .values(a.values && b.values)
+        .rw_layout(if a.rw_layout == b.rw_layout {
+            a.rw_layout
+        } else {
+            RwLayout::Unsupported
+        })
     }
 
     /// Takes `req.name` on the old backend, then on the new one, both by
@@ -264,6 +269,7 @@ impl Backend for Migrating {
                     deadline: req.deadline,
                     lost: &old_lost,
                     value: req.value,
+                    mode: req.mode,
                 })
                 .await?
             else {
@@ -280,6 +286,7 @@ impl Backend for Migrating {
                 deadline: req.deadline,
                 lost: &new_lost,
                 value: req.value,
+                mode: req.mode,
             });
             let keeping = keep_alive(&*old_lease, req.ttl, &old_lost, &old_valid);
             let new = tokio::select! {

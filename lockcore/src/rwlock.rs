@@ -1,7 +1,14 @@
 //! A read-write lock on any backend: many readers or one writer, and a
 //! waiting writer is not starved by a stream of readers.
 //!
-//! **Layout.** Read-write lock `L` is made of the lock `L/write` (the
+//! **Layout.** A backend with a read-write lock layout of its own
+//! ([`RwLayout::Native`]) takes `L` itself as a reader or a writer
+//! ([`Mode::Read`], [`Mode::Write`]): on ZooKeeper that is Curator's
+//! `InterProcessReadWriteLock`, one queue of reader and writer nodes where
+//! a reader waits only for the writers queued before it, so it is writers
+//! first and served in arrival order, with no reader limit.
+//!
+//! On the others, read-write lock `L` is made of the lock `L/write` (the
 //! writers' gate) and a [`Semaphore`] of reader slots named
 //! `L/read/permit-<i>` ([`MAX_READERS`] of them), all ordinary locks of the
 //! backend the [`Locker`] talks to, each taken by an owner of its own.
@@ -19,9 +26,15 @@
 //! (2 s) at the gate, which other readers hold for a moment as they pass:
 //! beside a writer it returns `None` after that, not at once.
 //!
-//! **Tokens.** A writer's token is the gate's fencing token: it rises
-//! strictly across writers. A reader's token is its slot's: it rises across
-//! the readers of one slot, and says nothing about writers.
+//! A `migrate:` pair whose backends lay it out differently has no
+//! read-write lock ([`RwLayout::Unsupported`]): [`RwLock::new`] refuses it.
+//!
+//! **Tokens.** A writer's token rises strictly across writers: it is the
+//! gate's in the built layout, the writer node's in a native one. A
+//! reader's token, in a native layout, is above every writer's before it
+//! and below every writer's after it; in the built layout it is its
+//! slot's, rising across the readers of one slot and saying nothing about
+//! writers.
 //!
 //! **Reentrancy.** None: every acquisition is a new owner. A task that holds
 //! a read lock and asks for another while a writer waits deadlocks with that
@@ -53,9 +66,10 @@ use futures_util::future::select_all;
 
 use crate::name::validate_compound_name;
 use crate::semaphore::{Permit, Semaphore};
-use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
+use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Mode, Result, RwLayout, Wait};
 
-/// The readers that may read at once. Fixed: a reader and a writer that
+/// The readers that may read at once in the built layout (a native one has
+/// no limit). Fixed: a reader and a writer that
 /// disagreed on it could hold at once (the writer would not take the slots
 /// it does not know).
 pub const MAX_READERS: u32 = 16;
@@ -76,24 +90,39 @@ pub struct RwLock {
     locker: Locker,
     name: String,
     readers: Semaphore,
+    /// The backend's own layout ([`RwLayout::Native`]).
+    native: bool,
 }
 
 impl RwLock {
-    /// A read-write lock on `name`: at most [`MAX_READERS`] read at once.
-    /// The count is fixed, so that every client of a name agrees on the
-    /// slots a writer must take.
+    /// A read-write lock on `name`. In the built layout at most
+    /// [`MAX_READERS`] read at once; the count is fixed, so that every
+    /// client of a name agrees on the slots a writer must take.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::InvalidName`] for a name the lock refuses or too long
-    /// for its parts.
+    /// for its parts; [`ErrorKind::InvalidConfig`] on a `migrate:` pair
+    /// whose backends lay a read-write lock out differently.
     pub fn new(locker: &Locker, name: &str) -> Result<Self> {
         let backend = locker.backend_name();
         validate_compound_name(backend, name, LONGEST_SUFFIX, "a read-write lock")?;
+        let native = match locker.capabilities().rw_layout {
+            RwLayout::Built => false,
+            RwLayout::Native => true,
+            _ => {
+                return Err(Error::invalid_config(
+                    backend,
+                    "the two backends of this migration lay a read-write lock out differently (one builds it from locks, the other has its own layout), so a client of both could not exclude the plain clients of either: use the built layout on both (ZooKeeper's URL option rwlock=built), or stop the read-write lock's users while the migration runs",
+                )
+                .with_name(name))
+            }
+        };
         Ok(RwLock {
             locker: locker.clone(),
             name: name.to_owned(),
             readers: Semaphore::new(locker, &format!("{name}/read"), MAX_READERS)?,
+            native,
         })
     }
 
@@ -102,12 +131,18 @@ impl RwLock {
         &self.name
     }
 
-    /// The name of the writers' gate lock.
+    /// The name of the lock a writer holds: the writers' gate in the built
+    /// layout, the lock's own name in a native one.
     pub fn gate_name(&self) -> String {
-        format!("{}/write", self.name)
+        if self.native {
+            self.name.clone()
+        } else {
+            format!("{}/write", self.name)
+        }
     }
 
-    /// The semaphore of the reader slots.
+    /// The semaphore of the reader slots of the built layout (unused in a
+    /// native one).
     pub fn readers(&self) -> &Semaphore {
         &self.readers
     }
@@ -152,6 +187,16 @@ impl RwLock {
     /// future is dropped then, released in the background by its guard).
     pub async fn read(&self, opts: &LockOptions) -> Result<Option<ReadGuard>> {
         opts.validate(self.locker.backend_name())?;
+        if self.native {
+            let node = self
+                .locker
+                .clone()
+                .acquire_with(&self.name, opts, None, Mode::Read)
+                .await?;
+            return Ok(node.map(|g| ReadGuard {
+                hold: ReadHold::Node(g),
+            }));
+        }
         let began = Instant::now();
         let at_gate = match opts.get_wait() {
             Wait::Try => opts.wait(Wait::For(TRY_GATE)),
@@ -172,7 +217,9 @@ impl RwLock {
         };
         gate.release().await?;
         let permit = self.readers.acquire(&left(opts, began)).await?;
-        Ok(permit.map(|permit| ReadGuard { permit }))
+        Ok(permit.map(|permit| ReadGuard {
+            hold: ReadHold::Slot(permit),
+        }))
     }
 
     /// A write lock with `opts`: `None` only for [`Wait::Try`].
@@ -188,6 +235,17 @@ impl RwLock {
     /// future is dropped or a later part cannot be had.
     pub async fn write(&self, opts: &LockOptions) -> Result<Option<WriteGuard>> {
         opts.validate(self.locker.backend_name())?;
+        if self.native {
+            let node = self
+                .locker
+                .clone()
+                .acquire_with(&self.name, opts, None, Mode::Write)
+                .await?;
+            return Ok(node.map(|gate| WriteGuard {
+                gate,
+                slots: Vec::new(),
+            }));
+        }
         let began = Instant::now();
         let Some(gate) = self.locker.clone().acquire(&self.gate_name(), opts).await? else {
             return Ok(None);
@@ -239,31 +297,54 @@ pub(crate) fn left(opts: &LockOptions, began: Instant) -> LockOptions {
     }
 }
 
-/// A held read lock: one reader slot.
+/// A held read lock: a reader node of a native layout, or one reader slot
+/// of the built one.
 #[derive(Debug)]
 pub struct ReadGuard {
-    permit: Permit,
+    hold: ReadHold,
+}
+
+/// What a reader holds.
+#[derive(Debug)]
+enum ReadHold {
+    /// A reader slot of the built layout.
+    Slot(Permit),
+    /// A reader's hold on the name in the backend's own layout.
+    Node(LockGuard),
 }
 
 impl ReadGuard {
-    /// The reader slot's fencing token (see the [module docs](self)).
+    /// The reader's fencing token (see the [module docs](self)).
     pub fn fence(&self) -> Option<u64> {
-        self.permit.fence()
+        match &self.hold {
+            ReadHold::Slot(p) => p.fence(),
+            ReadHold::Node(g) => g.fence(),
+        }
     }
 
     /// Whether the read lock is still held.
     pub fn is_held(&self) -> bool {
-        self.permit.is_held()
+        match &self.hold {
+            ReadHold::Slot(p) => p.is_held(),
+            ReadHold::Node(g) => g.is_held(),
+        }
     }
 
     /// Resolves when the read lock's lease is lost.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.permit.lost()
+        let token = match &self.hold {
+            ReadHold::Slot(p) => p.lost_token(),
+            ReadHold::Node(g) => g.lost_token(),
+        };
+        token.cancelled_owned()
     }
 
-    /// The reader slot's lock guard, to hold the read lock as a lock.
+    /// The reader's lock guard, to hold the read lock as a lock.
     pub fn into_guard(self) -> LockGuard {
-        self.permit.into_guard()
+        match self.hold {
+            ReadHold::Slot(p) => p.into_guard(),
+            ReadHold::Node(g) => g,
+        }
     }
 
     /// Lets the read lock go.
@@ -276,7 +357,10 @@ impl ReadGuard {
     ///
     /// As [`LockGuard::release`].
     pub async fn release(self) -> Result<()> {
-        self.permit.release().await
+        match self.hold {
+            ReadHold::Slot(p) => p.release().await,
+            ReadHold::Node(g) => g.release().await,
+        }
     }
 }
 

@@ -6,6 +6,7 @@ import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.retry.RetryOneTime;
 
 /**
@@ -22,7 +23,10 @@ import org.apache.curator.retry.RetryOneTime;
  * <li>{@code leader}: {@code leader=<id>} as {@code LeaderLatch.getLeader} reads it ({@code leader=} with none);
  * <li>{@code resign}: closes the latch; {@code resigned};
  * <li>{@code lock MS}: {@code InterProcessMutex.acquire} on PATH for up to MS; {@code locked} or {@code busy};
- * <li>{@code unlock}: {@code unlocked}.
+ * <li>{@code unlock}: {@code unlocked};
+ * <li>{@code read MS} / {@code write MS}: {@code InterProcessReadWriteLock}'s read or write lock on
+ *     PATH for up to MS; {@code locked} or {@code busy};
+ * <li>{@code unread} / {@code unwrite}: {@code unlocked}.
  * </ul>
  * End of input closes everything and exits 0.
  */
@@ -39,6 +43,7 @@ public class CuratorProbe {
         String id = args[2];
         LeaderLatch latch = null;
         InterProcessMutex mutex = new InterProcessMutex(client, path);
+        InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, path);
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
         System.out.println("ready");
         System.out.flush();
@@ -77,6 +82,22 @@ public class CuratorProbe {
                     break;
                 case "unlock":
                     mutex.release();
+                    reply = "unlocked";
+                    break;
+                case "read":
+                    reply = rw.readLock().acquire(Long.parseLong(word[1]), TimeUnit.MILLISECONDS)
+                            ? "locked" : "busy";
+                    break;
+                case "unread":
+                    rw.readLock().release();
+                    reply = "unlocked";
+                    break;
+                case "write":
+                    reply = rw.writeLock().acquire(Long.parseLong(word[1]), TimeUnit.MILLISECONDS)
+                            ? "locked" : "busy";
+                    break;
+                case "unwrite":
+                    rw.writeLock().release();
                     reply = "unlocked";
                     break;
                 default:

@@ -121,8 +121,9 @@ impl Harness for Zk {
             Err(zk::Error::NoNode) => return Ok(false),
             Err(e) => return Err(admin_err(e)),
         };
-        children.retain(|c| c.contains("-lock-") || c.contains("-latch-"));
-        children.sort_by_key(|c| c.rsplit('-').next().unwrap_or_default().to_owned());
+        // Ours are `_c_<uuid>-<kind><10-digit sequence>`.
+        children.retain(|c| c.starts_with("_c_"));
+        children.sort_by_key(|c| c.get(c.len().saturating_sub(10)..).map(str::to_owned));
         let Some(first) = children.first() else {
             return Ok(false);
         };

@@ -76,6 +76,12 @@ fn unless_values(c: &Ctx) -> Option<&'static str> {
         .then_some("the backend keeps no value beside a lease (no leader election)")
 }
 
+fn unless_rwlock(c: &Ctx) -> Option<&'static str> {
+    (c.caps.rw_layout == lockcore::RwLayout::Unsupported).then_some(
+        "the backends of this migration lay a read-write lock out differently (no read-write lock)",
+    )
+}
+
 /// Every case, in a stable order.
 pub fn cases() -> Vec<Case> {
     vec![
@@ -125,14 +131,26 @@ pub fn cases() -> Vec<Case> {
         case!(semaphore::semaphore_full_on_the_server),
         case!(semaphore::semaphore_release_wakes_a_waiter),
         case!(semaphore::semaphore_dropped_waits_leave_nothing),
-        case!(rwlock::rwlock_readers_share_writer_excludes),
-        case!(rwlock::rwlock_writer_not_starved),
-        case!(rwlock::rwlock_concurrent_try_reads_share),
-        case!(rwlock::rwlock_writer_tokens_rise, |c| (!c
-            .caps
-            .has_fencing())
-        .then_some("the backend declares no fencing (Fencing::None)")),
-        case!(rwlock::rwlock_dropped_write_leaves_nothing),
+        case!(rwlock::rwlock_readers_share_writer_excludes, unless_rwlock),
+        case!(rwlock::rwlock_writer_not_starved, unless_rwlock),
+        case!(rwlock::rwlock_concurrent_try_reads_share, unless_rwlock),
+        case!(
+            rwlock::rwlock_writer_tokens_rise,
+            |c| if c.caps.has_fencing() {
+                unless_rwlock(c)
+            } else {
+                Some("the backend declares no fencing (Fencing::None)")
+            }
+        ),
+        case!(rwlock::rwlock_dropped_write_leaves_nothing, unless_rwlock),
+        case!(rwlock::rwlock_reader_tokens_sit_between_writers, |c| {
+            (!(c.caps.rw_layout == lockcore::RwLayout::Native && c.caps.has_fencing()))
+                .then_some("only a native layout with fencing orders readers among writers")
+        }),
+        case!(rwlock::rwlock_refused_where_layouts_differ, |c| {
+            (c.caps.rw_layout != lockcore::RwLayout::Unsupported)
+                .then_some("the backend has a read-write lock")
+        }),
         case!(election::election_one_leader_on_the_server, unless_values),
         case!(election::election_exactly_one_leader, unless_values),
         case!(

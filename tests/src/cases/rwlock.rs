@@ -194,3 +194,33 @@ pub async fn rwlock_dropped_write_leaves_nothing(ctx: Ctx) {
     w.release().await.unwrap();
     assert!(t.elapsed() < SLACK * 2);
 }
+
+/// In a native layout, a reader's token is above the writer's before it
+/// and below the writer's after it.
+pub async fn rwlock_reader_tokens_sit_between_writers(ctx: Ctx) {
+    let name = ctx.name("rw-order");
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let (ra, rb) = (rw(&a, &name), rw(&b, &name));
+    let w1 = ra.try_write().await.unwrap().expect("free");
+    let before = w1.fence().expect("a token");
+    w1.release().await.unwrap();
+    let r = rb.try_read().await.unwrap().expect("no writer");
+    let read = r.fence().expect("a reader token");
+    r.release().await.unwrap();
+    let w2 = ra.try_write().await.unwrap().expect("free");
+    let after = w2.fence().expect("a token");
+    w2.release().await.unwrap();
+    assert!(
+        before < read && read < after,
+        "reader token {read} not between the writers' {before} and {after}"
+    );
+}
+
+/// Where the two backends of a migration lay a read-write lock out
+/// differently, there is none: a clear error, before any server is asked.
+pub async fn rwlock_refused_where_layouts_differ(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let e = RwLock::new(&l, &ctx.name("rw-refused")).expect_err("a read-write lock");
+    assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("read-write lock"), "{e}");
+}
