@@ -283,7 +283,8 @@ impl Backend for ZkBackend {
     /// Creates `_c_<uuid>-lock-<seq>` (`-latch-` with a value, `-__READ__`
     /// and `-__WRIT__` for a reader and a writer) under the name's parent,
     /// then waits for the node it queues behind to go, watching only it:
-    /// its predecessor, or for a reader the last writer before it.
+    /// its predecessor of its own kind, or for a reader the last writer
+    /// before it (see the crate docs for the kinds).
     ///
     /// # Cancel safety
     ///
@@ -364,8 +365,9 @@ impl Backend for ZkBackend {
         }
     }
 
-    /// The first contender is the holder; the others are counted as
-    /// waiting (also readers that read beside a first reader).
+    /// The name's lock: its first contender is the holder, the others
+    /// wait. A read-write lock's readers and writers on the name are not
+    /// the lock's, and are not shown.
     ///
     /// # Cancel safety
     ///
@@ -378,7 +380,8 @@ impl Backend for ZkBackend {
         // created after the listing sorts after it. Only when all are gone
         // is the name listed again.
         for _ in 0..INSPECT_ROUNDS {
-            let queue = recipe::contenders(list(&session, &parent).await?);
+            let mut queue = recipe::contenders(list(&session, &parent).await?);
+            queue.retain(|c| c.kind.is_lock());
             if queue.is_empty() {
                 return Ok(Some(LockInfo::new(None, Some(0))));
             }

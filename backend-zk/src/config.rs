@@ -20,7 +20,7 @@
 //! | `connect_timeout_ms` | `5000` | how long to wait for a session to be established |
 //! | `connection_timeout_ms` | `4000` | idle time after which a connection counts as broken (capped at 2/5 of the session timeout) |
 //! | `request_timeout_ms` | `5000` | how long one request may take, retries across a reconnect included, before it fails with `Unavailable` (or `Indeterminate` for a node creation) |
-//! | `rwlock` | `curator` | the layout of a read-write lock: `curator` (Curator's `InterProcessReadWriteLock`, [`RwLayout::Native`]) or `built` (from locks, as on the other backends, [`RwLayout::Built`]: for a `migrate:` from a backend that builds it; every client of a name must use the same) |
+//! | `rwlock` | `curator` | the layout of a read-write lock: `curator` (Curator's `InterProcessReadWriteLock`, [`RwLayout::Native`]) or `built` (from locks, as on the other backends, [`RwLayout::Built`]), for a `migrate:` from a backend that builds it. The two do not see each other: every client of a name must use the same, and a fleet changes layout only with the read-write lock's users stopped |
 //!
 //! The session timeout is not an option: it comes from each lock's ttl (see
 //! the crate docs).

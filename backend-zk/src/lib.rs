@@ -27,23 +27,33 @@
 //! not see our candidates (nor Curator's `LeaderLatch` our plain locks),
 //! while our own locks and candidates on one name do exclude each other.
 //!
-//! A [`lockcore::RwLock`] takes its name itself, in Curator's
+//! A [`lockcore::RwLock`] takes its name's path, in Curator's
 //! `InterProcessReadWriteLock` layout ([`lockcore::RwLayout::Native`]): a
 //! reader creates `_c_<uuid>-__READ__<seq>`, a writer
-//! `_c_<uuid>-__WRIT__<seq>`, in one queue. A writer holds when it is first;
-//! a reader holds when no writer (nor any other non-reader) is queued before
-//! it, and waits on the last one that is. So `new
+//! `_c_<uuid>-__WRIT__<seq>`, in one queue. A writer holds when no reader
+//! or writer is queued before it; a reader holds when no writer is, and
+//! waits on the last one that is. So `new
 //! InterProcessReadWriteLock(client, "<prefix>/<segment>")` reads beside
 //! our readers and excludes and is excluded by our writers (checked with
 //! real Curator clients), and writers are not starved: a reader arriving
-//! after a waiting writer waits for it. kazoo's `ReadLock` nodes
-//! (`<uuid>__rlock__<seq>`) count as readers and its `WriteLock` nodes
-//! (`__lock__`) as writers; kazoo sees ours with
-//! `extra_lock_patterns=["__WRIT__", "-lock-"]` on a `ReadLock`, and
-//! `["__WRIT__", "__READ__", "-lock-"]` on a `WriteLock`. There is no
-//! reader limit. The URL option `rwlock=built` lays read-write locks out
-//! from locks instead, as on the other backends (for a `migrate:` from
-//! one of them; see [`config`]).
+//! after a waiting writer waits for it. There is no reader limit. kazoo's
+//! `ReadLock` nodes (`<uuid>__rlock__<seq>`) count as readers and its
+//! `WriteLock` nodes (`__lock__`) as writers; kazoo sees ours with
+//! `extra_lock_patterns=["__WRIT__"]` on a `ReadLock` and
+//! `["__WRIT__", "__READ__"]` on a `WriteLock`.
+//!
+//! A name's lock and its read-write lock are two things, as on every other
+//! backend and as Curator's `InterProcessMutex` and
+//! `InterProcessReadWriteLock` on one path: lock and election nodes and
+//! reader and writer nodes share the path but not the queue, and
+//! [`inspect`](lockcore::Locker::inspect) shows the lock's. kazoo's
+//! `__lock__` nodes, both its `Lock` and its `WriteLock`, count in both.
+//!
+//! The URL option `rwlock=built` lays read-write locks out from locks
+//! instead, as on the other backends, for a `migrate:` from one of them.
+//! The two layouts do not see each other: every ZooKeeper client of a
+//! name must use the same one, and a fleet changes layout only with the
+//! read-write lock's users stopped (see [`config`]).
 //!
 //! All contenders are ordered by their 10-digit sequence suffix. Parents,
 //! the prefix and the chroot are created as *container* nodes, which the
@@ -51,7 +61,9 @@
 //!
 //! **The recipe.** The first contender holds the lock. Every other one
 //! watches only its predecessor (an `exists` watch), so a release wakes one
-//! waiter, the next in arrival order: fair, and no herd. A dropped
+//! waiter, the next in arrival order: fair, and no herd. (A writer's
+//! release wakes the readers queued right behind it, which then read
+//! together.) A dropped
 //! acquisition deletes its node (found by its uuid, also after a connection
 //! loss cut off the create).
 //!

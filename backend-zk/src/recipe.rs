@@ -13,9 +13,11 @@
 //!
 //! `<seq>` is the 10-digit sequence suffix ZooKeeper appends (`-` and 10
 //! digits once the parent's counter overflowed). Every contender is ordered
-//! by it; children that match no form are not contenders. A reader waits
-//! only for the non-readers queued before it; every other contender waits
-//! for everyone queued before it.
+//! by it; children that match no form are not contenders. A name's lock
+//! (mutex and latch nodes) and its read-write lock (reader and writer
+//! nodes) are two things, as Curator's are: each waits only for its own
+//! kind, and kazoo's `__lock__`, both its `Lock` and its `WriteLock`, is
+//! in both. A reader waits for the writers queued before it.
 
 use lockcore::{Mode, OwnerToken};
 
@@ -32,14 +34,48 @@ const WRITE_MARK: &str = "__WRIT__";
 /// kazoo's `ReadLock` node marker.
 const KAZOO_READ_MARK: &str = "__rlock__";
 
-/// Every marker, with whether it marks a reader.
-const MARKS: [(&str, bool); 6] = [
-    (CURATOR_MARK, false),
-    (LATCH_MARK, false),
-    (KAZOO_MARK, false),
-    (WRITE_MARK, false),
-    (READ_MARK, true),
-    (KAZOO_READ_MARK, true),
+/// What a contender node is, by its marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A mutex contender or an election candidate (`-lock-`, `-latch-`).
+    Mutex,
+    /// kazoo's `__lock__`: its `Lock` and its `WriteLock` alike.
+    Kazoo,
+    /// A read-write lock's reader (`__READ__`, kazoo's `__rlock__`).
+    Read,
+    /// A read-write lock's writer (`__WRIT__`).
+    Write,
+}
+
+impl Kind {
+    /// Whether a contender of this kind waits for an earlier one of `kind`.
+    /// A name's lock and its read-write lock are two things, as on every
+    /// backend (and as Curator's mutex and read-write lock on one path):
+    /// only kazoo's `__lock__`, which is both its `Lock` and its
+    /// `WriteLock`, is in both.
+    fn waits_for(self, kind: Kind) -> bool {
+        match self {
+            Kind::Mutex | Kind::Kazoo => matches!(kind, Kind::Mutex | Kind::Kazoo),
+            Kind::Write => matches!(kind, Kind::Kazoo | Kind::Read | Kind::Write),
+            Kind::Read => matches!(kind, Kind::Kazoo | Kind::Write),
+        }
+    }
+
+    /// Whether a holder of this kind holds the name's lock (what
+    /// `inspect` reports), rather than its read-write lock.
+    pub(crate) fn is_lock(self) -> bool {
+        matches!(self, Kind::Mutex | Kind::Kazoo)
+    }
+}
+
+/// Every marker, with the kind of node it marks.
+const MARKS: [(&str, Kind); 6] = [
+    (CURATOR_MARK, Kind::Mutex),
+    (LATCH_MARK, Kind::Mutex),
+    (KAZOO_MARK, Kind::Kazoo),
+    (WRITE_MARK, Kind::Write),
+    (READ_MARK, Kind::Read),
+    (KAZOO_READ_MARK, Kind::Read),
 ];
 
 /// The owner token written as a UUID (8-4-4-4-12 lowercase hex), as Curator
@@ -71,48 +107,67 @@ pub(crate) fn node_prefix(owner: OwnerToken, with_value: bool, mode: Mode) -> St
     }
 }
 
-/// The sequence number of a contender node and whether it is a reader, or
-/// `None` when `child` is not a contender.
-pub(crate) fn sequence_of(child: &str) -> Option<(i64, bool)> {
-    let (suffix, reader) = MARKS
+/// The sequence number of a contender node and its kind, or `None` when
+/// `child` is not a contender. ZooKeeper writes the sequence as `%010d`: 10
+/// digits, or once the parent's counter passed `i32::MAX`, `-` and 9 or 10.
+pub(crate) fn sequence_of(child: &str) -> Option<(i64, Kind)> {
+    let (suffix, kind) = MARKS
         .iter()
-        .filter_map(|(m, reader)| child.rfind(m).map(|i| (&child[i + m.len()..], *reader)))
+        .filter_map(|(m, kind)| child.rfind(m).map(|i| (&child[i + m.len()..], *kind)))
         .min_by_key(|(s, _)| s.len())?;
-    let digits = suffix.strip_prefix('-').unwrap_or(suffix);
-    if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let (digits, widths) = match suffix.strip_prefix('-') {
+        Some(d) => (d, 9..=10),
+        None => (suffix, 10..=10),
+    };
+    if !widths.contains(&digits.len()) || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    suffix.parse().ok().map(|seq| (seq, reader))
+    let seq: i32 = suffix.parse().ok()?;
+    Some((i64::from(seq), kind))
 }
 
-/// A contender node: its name, sequence number, and whether it is a reader.
+/// A contender node: its name, sequence number, and kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Contender {
     pub(crate) name: String,
     pub(crate) seq: i64,
-    pub(crate) reader: bool,
+    pub(crate) kind: Kind,
+}
+
+/// Where a sequence number sorts: the counter is a 32-bit signed integer
+/// that goes on from `i32::MAX` to `i32::MIN`, so it is ordered as the
+/// unsigned number of the same bits (right across the first wrap, 2³¹
+/// creations under one parent).
+fn queue_order(seq: i64) -> u32 {
+    // The low 32 bits: a sequence number is an i32.
+    (seq & 0xffff_ffff) as u32
 }
 
 /// The contenders among `children`, in queue order (by sequence number).
 pub(crate) fn contenders(children: Vec<String>) -> Vec<Contender> {
     let mut v: Vec<Contender> = children
         .into_iter()
-        .filter_map(|name| sequence_of(&name).map(|(seq, reader)| Contender { name, seq, reader }))
+        .filter_map(|name| sequence_of(&name).map(|(seq, kind)| Contender { name, seq, kind }))
         .collect();
-    v.sort_by(|a, b| a.seq.cmp(&b.seq).then_with(|| a.name.cmp(&b.name)));
+    v.sort_by(|a, b| {
+        queue_order(a.seq)
+            .cmp(&queue_order(b.seq))
+            .then_with(|| a.name.cmp(&b.name))
+    });
     v
 }
 
 /// The contender that the one at `pos` of `queue` waits for, or `None`
-/// when it holds: for a reader the last non-reader before it, for any
-/// other the one just before it.
+/// when it holds: the last one before it of a kind it waits for (for a
+/// reader the last writer; for a writer or a lock its predecessor among
+/// its own).
 pub(crate) fn blocker(queue: &[Contender], pos: usize) -> Option<&Contender> {
-    let before = queue.get(..pos)?;
-    if queue.get(pos)?.reader {
-        before.iter().rev().find(|c| !c.reader)
-    } else {
-        before.last()
-    }
+    let kind = queue.get(pos)?.kind;
+    queue
+        .get(..pos)?
+        .iter()
+        .rev()
+        .find(|c| kind.waits_for(c.kind))
 }
 
 #[cfg(test)]
@@ -145,37 +200,39 @@ mod tests {
     fn recognises_curator_latch_and_kazoo_nodes() {
         assert_eq!(
             sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-lock-0000000042"),
-            Some((42, false))
+            Some((42, Kind::Mutex))
         );
         assert_eq!(
             sequence_of("0123456789abcdef0123456789abcdef__lock__0000000007"),
-            Some((7, false))
+            Some((7, Kind::Kazoo))
         );
         assert_eq!(
             sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-latch-0000000009"),
-            Some((9, false))
+            Some((9, Kind::Mutex))
         );
         assert_eq!(
             sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-__WRIT__0000000011"),
-            Some((11, false))
+            Some((11, Kind::Write))
         );
         assert_eq!(
             sequence_of("_c_01234567-89ab-cdef-fedc-ba9876543210-__READ__0000000012"),
-            Some((12, true))
+            Some((12, Kind::Read))
         );
         assert_eq!(
             sequence_of("0123456789abcdef0123456789abcdef__rlock__0000000013"),
-            Some((13, true))
+            Some((13, Kind::Read))
         );
         // A uuid is hex, so no marker hides in it; the last marker counts.
         assert_eq!(
             sequence_of("_c_x-lock-__READ__0000000014"),
-            Some((14, true))
+            Some((14, Kind::Read))
         );
         assert_eq!(
             sequence_of("x-lock--2147483648"),
-            Some((-2147483648, false))
+            Some((-2147483648, Kind::Mutex))
         );
+        // `%010d` of -1: the sign and nine digits.
+        assert_eq!(sequence_of("x-lock--000000001"), Some((-1, Kind::Mutex)));
         for not in [
             "leader",
             "_c_x-latch-000000001",
@@ -183,6 +240,8 @@ mod tests {
             "x__READ__",
             "x-lock-123",
             "x-lock-00000000001",
+            "x-lock--00000001",
+            "x-lock-2147483648",
             "x-lock-000000000a",
         ] {
             assert_eq!(sequence_of(not), None, "{not}");
@@ -203,6 +262,18 @@ mod tests {
     }
 
     #[test]
+    fn sequence_wraps_past_i32_max_in_order() {
+        let c = contenders(vec![
+            "_c_c-lock--000000001".into(),
+            "_c_b-lock--2147483648".into(),
+            "_c_a-lock-2147483647".into(),
+            "_c_d-lock-0000000005".into(),
+        ]);
+        let seqs: Vec<i64> = c.iter().map(|c| c.seq).collect();
+        assert_eq!(seqs, [5, 2147483647, -2147483648, -1]);
+    }
+
+    #[test]
     fn readers_wait_only_for_the_writers_before_them() {
         let q = contenders(vec![
             "_c_a-__READ__0000000001".into(),
@@ -212,13 +283,27 @@ mod tests {
             "e__lock__0000000005".into(),
             "_c_f-lock-0000000006".into(),
             "_c_g-__READ__0000000007".into(),
+            "_c_h-__WRIT__0000000008".into(),
+            "_c_i-latch-0000000009".into(),
         ]);
         let waits: Vec<Option<i64>> = (0..q.len())
             .map(|pos| blocker(&q, pos).map(|c| c.seq))
             .collect();
+        // A lock waits for locks and kazoo's `__lock__` only, a writer for
+        // everything of the read-write lock (kazoo's `__lock__` included).
         assert_eq!(
             waits,
-            [None, Some(1), Some(2), Some(2), Some(4), Some(5), Some(6)]
+            [
+                None,
+                Some(1),
+                Some(2),
+                Some(2),
+                None,
+                Some(5),
+                Some(5),
+                Some(7),
+                Some(6)
+            ]
         );
         let readers = contenders(vec![
             "_c_a-__READ__0000000001".into(),

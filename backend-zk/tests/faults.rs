@@ -83,6 +83,20 @@ async fn until_waiters(l: &Locker, name: &str, n: usize) {
     }
 }
 
+/// Waits until `parent` has `n` children (a read-write lock's readers and
+/// writers, which `inspect` does not show).
+async fn until_children(raw: &zk::Client, parent: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let c = raw.list_children(parent).await.unwrap_or_default();
+        if c.len() == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {n} nodes (saw {c:?})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// 50 waiters on one name: each release wakes exactly one of them (one
 /// predecessor-watch notification per handoff), in arrival order.
 async fn fifty_waiters_one_wakeup_per_release(ctx: Ctx) {
@@ -903,7 +917,7 @@ async fn curator_rwlock_interoperates(ctx: Ctx) {
                 .expect("a write lock")
         })
     };
-    until_waiters(&l, &name, 1).await;
+    until_children(&raw(&ctx).await, &path, 2).await;
     let mut d = Curator::start(&ctx, &path, "java-d").await;
     assert_eq!(
         d.ask("read 300").await,

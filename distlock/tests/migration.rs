@@ -109,6 +109,27 @@ async fn rwlock_migrates_with_the_built_layout(name: String) {
     w.release().await.expect("release");
 }
 
+/// `distlock bench` on a migration with no read-write lock measures the
+/// rest and says so, instead of failing.
+async fn bench_runs_without_a_read_write_lock(url: String) {
+    let bin = std::env::var("LOCKTEST_DISTLOCK_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_distlock").to_owned());
+    let out = tokio::process::Command::new(bin)
+        .args(["--url", &url, "bench", "--duration", "200ms", "--held", "2"])
+        .args(["--contenders", "2", "--json"])
+        .output()
+        .await
+        .expect("distlock runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("\"rw_handoffs\":null"), "{stdout}");
+}
+
 fn main() -> std::process::ExitCode {
     run(vec![
         // The conformance suite on the migrating backend.
@@ -132,6 +153,11 @@ fn main() -> std::process::ExitCode {
         })
         .case("rwlock_migrates_with_the_built_layout", |ctx| {
             Box::pin(rwlock_migrates_with_the_built_layout(ctx.name("rw")))
+        })
+        .case("bench_runs_without_a_read_write_lock", |_| {
+            Box::pin(bench_runs_without_a_read_write_lock(migrating(
+                "LOCKTEST_ZK_URL",
+            )))
         }),
         target("migrate-redis-etcd", REDIS_ETCD, || {
             migrating("LOCKTEST_ETCD_URL")

@@ -74,7 +74,8 @@ use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Mode, Result, RwLa
 /// it does not know).
 pub const MAX_READERS: u32 = 16;
 
-/// How long a reader's `try` waits at the gate for other readers passing
+/// How long a reader's `try` waits, in the built layout, at the gate for
+/// other readers passing
 /// it: each holds it for two writes, and readers arriving together pass
 /// one after another (eight on a loaded etcd cluster took over 250 ms). A
 /// writer holds it longer, so a `try_read` beside a writer returns `None`
@@ -113,7 +114,7 @@ impl RwLock {
             _ => {
                 return Err(Error::invalid_config(
                     backend,
-                    "the two backends of this migration lay a read-write lock out differently (one builds it from locks, the other has its own layout), so a client of both could not exclude the plain clients of either: use the built layout on both (ZooKeeper's URL option rwlock=built), or stop the read-write lock's users while the migration runs",
+                    "the two backends of this migration lay a read-write lock out differently (one builds it from locks, the other has its own layout), so a client of both could not exclude the plain clients of either: lay it out from locks on every client of the name (ZooKeeper's URL option rwlock=built, kept for good), or stop the read-write lock's users while the migration runs",
                 )
                 .with_name(name))
             }
@@ -131,14 +132,10 @@ impl RwLock {
         &self.name
     }
 
-    /// The name of the lock a writer holds: the writers' gate in the built
-    /// layout, the lock's own name in a native one.
+    /// The name of the writers' gate lock of the built layout (a native
+    /// layout has none).
     pub fn gate_name(&self) -> String {
-        if self.native {
-            self.name.clone()
-        } else {
-            format!("{}/write", self.name)
-        }
+        format!("{}/write", self.name)
     }
 
     /// The semaphore of the reader slots of the built layout (unused in a
@@ -147,8 +144,9 @@ impl RwLock {
         &self.readers
     }
 
-    /// A read lock, or `None` while a writer holds or waits (after waiting
-    /// up to [`TRY_GATE`] at the gate for readers passing it).
+    /// A read lock, or `None` while a writer holds or waits (in the built
+    /// layout after waiting up to [`TRY_GATE`] at the gate for readers
+    /// passing it; at once in a native one).
     ///
     /// # Errors
     ///
@@ -364,7 +362,8 @@ impl ReadGuard {
     }
 }
 
-/// A held write lock: the writers' gate and every reader slot.
+/// A held write lock: the writer's hold on the name in a native layout, or
+/// the writers' gate and every reader slot in the built one.
 #[derive(Debug)]
 pub struct WriteGuard {
     gate: LockGuard,
@@ -372,8 +371,8 @@ pub struct WriteGuard {
 }
 
 impl WriteGuard {
-    /// The writer's fencing token: the gate's, strictly rising across
-    /// writers (`None` where the backend has none).
+    /// The writer's fencing token, strictly rising across writers (the
+    /// gate's in the built layout; `None` where the backend has none).
     pub fn fence(&self) -> Option<u64> {
         self.gate.fence()
     }
@@ -395,7 +394,8 @@ impl WriteGuard {
         }
     }
 
-    /// Lets the write lock go: the reader slots, then the gate.
+    /// Lets the write lock go: the reader slots, then the gate (in a native
+    /// layout, the one hold).
     ///
     /// # Errors
     ///

@@ -143,6 +143,7 @@ pub fn cases() -> Vec<Case> {
             }
         ),
         case!(rwlock::rwlock_dropped_write_leaves_nothing, unless_rwlock),
+        case!(rwlock::rwlock_is_not_the_lock_of_its_name, unless_rwlock),
         case!(rwlock::rwlock_reader_tokens_sit_between_writers, |c| {
             (!(c.caps.rw_layout == lockcore::RwLayout::Native && c.caps.has_fencing()))
                 .then_some("only a native layout with fencing orders readers among writers")

@@ -5,7 +5,7 @@ use std::time::Duration;
 use distlock::Locker;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockcore::bench as workload;
-use lockcore::LeaseKind;
+use lockcore::{LeaseKind, RwLayout};
 use serde_json::json;
 
 use crate::exit;
@@ -104,10 +104,16 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         workload::permit_pairs(&locker, &format!("{ns}/permits"), BENCH_PERMITS, run).await?;
     pb.finish_and_clear();
 
-    let pb = bar("read-write lock, 1 writer and 1 reader taking turns", run);
-    let reader = distlock::connect(url).await?;
-    let rw_lat = workload::rw_handoffs(&locker, &reader, &format!("{ns}/rw"), run).await?;
-    pb.finish_and_clear();
+    // A migration between two read-write lock layouts has none.
+    let rw_lat = if locker.capabilities().rw_layout == RwLayout::Unsupported {
+        None
+    } else {
+        let pb = bar("read-write lock, 1 writer and 1 reader taking turns", run);
+        let reader = distlock::connect(url).await?;
+        let lat = workload::rw_handoffs(&locker, &reader, &format!("{ns}/rw"), run).await?;
+        pb.finish_and_clear();
+        Some(lat)
+    };
 
     let held_n = args.held.unwrap_or(match locker.capabilities().lease {
         LeaseKind::Connection => HELD_ON_CONNECTIONS,
@@ -123,10 +129,13 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         ms(workload::percentile(&lat, 0.99)),
         ms(workload::percentile(&lat, 1.0)),
     );
-    let (rw50, rw99) = (
-        ms(workload::percentile(&rw_lat, 0.5)),
-        ms(workload::percentile(&rw_lat, 0.99)),
-    );
+    let rw = rw_lat.as_ref().map(|lat| {
+        (
+            lat.len(),
+            ms(workload::percentile(lat, 0.5)),
+            ms(workload::percentile(lat, 0.99)),
+        )
+    });
     let cpu_pct = 100.0 * held.cpu.as_secs_f64() / held.wall.as_secs_f64().max(1e-9);
     if args.json {
         let out = json!({
@@ -143,8 +152,8 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
             "semaphore_permits": BENCH_PERMITS,
             "semaphore_1_task_permits_per_s": permits,
             "semaphore_lock_floor_pairs_per_s": permit_floor,
-            "rw_handoffs": rw_lat.len(),
-            "rw_handoff_latency_ms": { "p50": rw50, "p99": rw99 },
+            "rw_handoffs": rw.map(|(n, _, _)| n),
+            "rw_handoff_latency_ms": rw.map(|(_, p50, p99)| json!({ "p50": p50, "p99": p99 })),
             "held": { "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
                       "rss_added_kib": held.rss_added_kib, "cpu_s": held.cpu.as_secs_f64(), "cpu_percent": cpu_pct },
         });
@@ -168,7 +177,14 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         "| semaphore of {BENCH_PERMITS} permits, acquire+release, 1 task | {permits:.0} permits/s ({:.2}× the lock's {permit_floor:.0} pairs/s in alternating thirds) |",
         permits / permit_floor.max(1e-9)
     );
-    println!("| read-write hand-off (writer ↔ reader) p50 / p99 | {rw50:.3} / {rw99:.3} ms |");
+    match rw {
+        Some((_, rw50, rw99)) => println!(
+            "| read-write hand-off (writer ↔ reader) p50 / p99 | {rw50:.3} / {rw99:.3} ms |"
+        ),
+        None => println!(
+            "| read-write hand-off (writer ↔ reader) | none: the two backends lay a read-write lock out differently |"
+        ),
+    }
     println!(
         "| {} leases held with renewal (ttl {:?}) | +{} KiB resident, {:.2}% CPU{} |",
         held.leases,
