@@ -250,6 +250,197 @@ impl ZkBackend {
     }
 }
 
+/// A node of ours that reached the head of its queue.
+struct Queued {
+    path: String,
+    czxid: i64,
+    /// When the request that proved the session alive was sent.
+    sent: Instant,
+    /// Deletes the node unless disarmed.
+    cleanup: CleanupOnDrop,
+}
+
+impl ZkBackend {
+    /// Creates our node `<parent>/<prefix><seq>` and waits until it holds
+    /// (see [`recipe::blocker`]), watching only the node it queues behind;
+    /// `None` when `req.deadline` passed first (the node deleted).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call deletes its node in the background.
+    async fn queue(
+        &self,
+        session: &Arc<Session>,
+        parent: &str,
+        prefix: &str,
+        req: &AcquireRequest<'_>,
+        started: Instant,
+    ) -> Result<Option<Queued>> {
+        let cleanup = CleanupOnDrop::new(
+            "delete the lock node of a dropped acquisition",
+            delete_ours(session.clone(), parent.to_owned(), prefix.to_owned()),
+        );
+        let creating = create_node(session, &self.acls, parent, prefix, req.owner, req.value);
+        let (node, czxid) = within(
+            NAME,
+            format!("creating a lock node under {parent}"),
+            session.request_timeout() * 2,
+            true,
+            creating,
+        )
+        .await?;
+        let path = format!("{parent}/{node}");
+        let mut first_look = true;
+        loop {
+            let sent = if std::mem::take(&mut first_look) {
+                started
+            } else {
+                Instant::now()
+            };
+            let children = list(session, parent).await?;
+            self.delete_twins(session, parent, prefix, &node, &children);
+            let queue = recipe::contenders(children);
+            let Some(pos) = queue.iter().position(|c| c.name == node) else {
+                return Err(vanished(parent));
+            };
+            let Some(blocker) = recipe::blocker(&queue, pos) else {
+                return Ok(Some(Queued {
+                    path,
+                    czxid,
+                    sent,
+                    cleanup,
+                }));
+            };
+            if req.deadline.passed(Instant::now()) {
+                cleanup.run_now().await;
+                return Ok(None);
+            }
+            let pred = format!("{parent}/{}", blocker.name);
+            if !self.watch_predecessor(session, &pred, req.deadline).await? {
+                cleanup.run_now().await;
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Deletes, in the background, nodes of ours other than `node` (a
+    /// create sent again after a connection loss may have left a twin).
+    fn delete_twins(
+        &self,
+        session: &Arc<Session>,
+        parent: &str,
+        prefix: &str,
+        node: &str,
+        children: &[String],
+    ) {
+        for twin in children
+            .iter()
+            .filter(|c| c.starts_with(prefix) && *c != node)
+        {
+            let (s, p) = (session.clone(), format!("{parent}/{twin}"));
+            spawn_cleanup("delete a twin lock node", async move {
+                let _ = delete_node(&s, &p).await;
+            });
+        }
+    }
+
+    /// A permit of a semaphore of `permits`, in Curator's
+    /// `InterProcessSemaphoreV2` layout: under the semaphore's mutex
+    /// (`<name>/locks`), create `<name>/leases/_c_<uuid>-lease-<seq>`, and
+    /// wait until `leases` has at most `permits` children; then let the
+    /// mutex go. Waiters queue on the mutex, in arrival order.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call deletes its lease node and its mutex
+    /// node in the background.
+    async fn acquire_permit(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest<'_>,
+        permits: u32,
+        started: Instant,
+    ) -> Result<Option<Grant>> {
+        let base = self.lock_parent(req.name);
+        let (locks, leases) = (format!("{base}/locks"), format!("{base}/leases"));
+        let mutex_prefix = recipe::node_prefix(req.owner, false, Mode::Exclusive);
+        let Some(mutex) = self
+            .queue(session, &locks, &mutex_prefix, req, started)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let prefix = recipe::lease_prefix(req.owner);
+        let cleanup = CleanupOnDrop::new(
+            "delete the lease node of a dropped permit acquisition",
+            delete_ours(session.clone(), leases.clone(), prefix.clone()),
+        );
+        let creating = create_node(session, &self.acls, &leases, &prefix, req.owner, None);
+        let (node, czxid) = within(
+            NAME,
+            format!("creating a lease node under {leases}"),
+            session.request_timeout() * 2,
+            true,
+            creating,
+        )
+        .await?;
+        let path = format!("{leases}/{node}");
+        loop {
+            let sent = Instant::now();
+            let listed = session
+                .call(|c| {
+                    let leases = &leases;
+                    async move { c.list_and_watch_children(leases).await }
+                })
+                .await;
+            let (children, watcher) = match listed {
+                Ok(l) => l,
+                Err(zk::Error::NoNode) => return Err(vanished(&leases)),
+                Err(e) => return Err(map_err(e, format!("listing {leases}"), false)),
+            };
+            self.delete_twins(session, &leases, &prefix, &node, &children);
+            if !children.contains(&node) {
+                return Err(vanished(&leases));
+            }
+            // A twin of ours about to go counts once.
+            let held = children
+                .iter()
+                .filter(|c| !c.starts_with(&prefix) || **c == node)
+                .count();
+            if held <= permits as usize {
+                // The mutex goes first: the lease node stays ours to delete
+                // until the grant is returned.
+                mutex.cleanup.run_now().await;
+                cleanup.disarm();
+                let lease = ZkLease::new(session.clone(), leases, prefix, path, req.lost.clone());
+                return Ok(Some(Grant {
+                    lease: Box::new(lease),
+                    fence: u64::try_from(czxid).ok(),
+                    valid_until: session.valid_until(sent, req.ttl),
+                }));
+            }
+            if req.deadline.passed(Instant::now()) {
+                cleanup.run_now().await;
+                mutex.cleanup.run_now().await;
+                return Ok(None);
+            }
+            let mut event = AbortOnDrop(tokio::spawn(watcher.changed()));
+            tokio::select! {
+                _ = &mut event.0 => {}
+                _ = session.dead() => return Err(Error::unavailable(NAME, format!(
+                    "the ZooKeeper session ended while waiting: {}",
+                    session.reason().unwrap_or("closed")
+                ))),
+                () = req.deadline.sleep() => {
+                    cleanup.run_now().await;
+                    mutex.cleanup.run_now().await;
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
 /// A lease lives by its session: a ttl above the negotiated session timeout
 /// (the server's `maxSessionTimeout`) cannot be kept.
 pub(crate) fn check_ttl(session: &Session, ttl: Duration) -> Result<()> {
@@ -278,6 +469,7 @@ impl Backend for ZkBackend {
             .inspect(true)
             .values(true)
             .rw_layout(self.cfg.rwlock)
+            .semaphore_layout(self.cfg.semaphore)
     }
 
     /// Creates `_c_<uuid>-lock-<seq>` (`-latch-` with a value, `-__READ__`
@@ -297,72 +489,24 @@ impl Backend for ZkBackend {
         let started = Instant::now();
         let session = self.session(req.ttl).await?;
         check_ttl(&session, req.ttl)?;
+        if let Mode::Permit { permits } = req.mode {
+            return self.acquire_permit(&session, &req, permits, started).await;
+        }
         let parent = self.lock_parent(req.name);
         let prefix = recipe::node_prefix(req.owner, req.value.is_some(), req.mode);
-        let cleanup = CleanupOnDrop::new(
-            "delete the lock node of a dropped acquisition",
-            delete_ours(session.clone(), parent.clone(), prefix.clone()),
-        );
-        let creating = create_node(&session, &self.acls, &parent, &prefix, req.owner, req.value);
-        let (node, czxid) = within(
-            NAME,
-            format!("creating a lock node under {parent}"),
-            session.request_timeout() * 2,
-            true,
-            creating,
-        )
-        .await?;
-        let path = format!("{parent}/{node}");
-        let mut first_look = true;
-        loop {
-            let sent = if std::mem::take(&mut first_look) {
-                started
-            } else {
-                Instant::now()
-            };
-            let children = list(&session, &parent).await?;
-            // A create sent again after a connection loss may have left a twin.
-            for twin in children
-                .iter()
-                .filter(|c| c.starts_with(&prefix) && **c != node)
-            {
-                let (s, p) = (session.clone(), format!("{parent}/{twin}"));
-                spawn_cleanup("delete a twin lock node", async move {
-                    let _ = delete_node(&s, &p).await;
-                });
-            }
-            let queue = recipe::contenders(children);
-            let Some(pos) = queue.iter().position(|c| c.name == node) else {
-                return Err(vanished(&parent));
-            };
-            let Some(blocker) = recipe::blocker(&queue, pos) else {
-                cleanup.disarm();
-                let lease = ZkLease::new(
-                    session.clone(),
-                    parent.clone(),
-                    prefix.clone(),
-                    path,
-                    req.lost.clone(),
-                );
-                return Ok(Some(Grant {
-                    lease: Box::new(lease),
-                    fence: u64::try_from(czxid).ok(),
-                    valid_until: session.valid_until(sent, req.ttl),
-                }));
-            };
-            if req.deadline.passed(Instant::now()) {
-                cleanup.run_now().await;
-                return Ok(None);
-            }
-            let pred = format!("{parent}/{}", blocker.name);
-            if !self
-                .watch_predecessor(&session, &pred, req.deadline)
-                .await?
-            {
-                cleanup.run_now().await;
-                return Ok(None);
-            }
-        }
+        let Some(ours) = self
+            .queue(&session, &parent, &prefix, &req, started)
+            .await?
+        else {
+            return Ok(None);
+        };
+        ours.cleanup.disarm();
+        let lease = ZkLease::new(session.clone(), parent, prefix, ours.path, req.lost.clone());
+        Ok(Some(Grant {
+            lease: Box::new(lease),
+            fence: u64::try_from(ours.czxid).ok(),
+            valid_until: session.valid_until(ours.sent, req.ttl),
+        }))
     }
 
     /// The name's lock: its first contender is the holder, the others

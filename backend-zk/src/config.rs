@@ -20,7 +20,8 @@
 //! | `connect_timeout_ms` | `5000` | how long to wait for a session to be established |
 //! | `connection_timeout_ms` | `4000` | idle time after which a connection counts as broken (capped at 2/5 of the session timeout) |
 //! | `request_timeout_ms` | `5000` | how long one request may take, retries across a reconnect included, before it fails with `Unavailable` (or `Indeterminate` for a node creation) |
-//! | `rwlock` | `curator` | the layout of a read-write lock: `curator` (Curator's `InterProcessReadWriteLock`, [`RwLayout::Native`]) or `built` (from locks, as on the other backends, [`RwLayout::Built`]), for a `migrate:` from a backend that builds it. The two do not see each other: every client of a name must use the same, and a fleet changes layout only with the read-write lock's users stopped |
+//! | `semaphore` | `curator` | the layout of a semaphore: `curator` (Curator's `InterProcessSemaphoreV2`, [`Layout::Native`]) or `built` (from locks, as on the other backends, [`Layout::Built`]), for a `migrate:` from a backend that builds it. As with `rwlock`, every client of a name must use the same |
+//! | `rwlock` | `curator` | the layout of a read-write lock: `curator` (Curator's `InterProcessReadWriteLock`, [`Layout::Native`]) or `built` (from locks, as on the other backends, [`Layout::Built`]), for a `migrate:` from a backend that builds it. The two do not see each other: every client of a name must use the same, and a fleet changes layout only with the read-write lock's users stopped |
 //!
 //! The session timeout is not an option: it comes from each lock's ttl (see
 //! the crate docs).
@@ -28,7 +29,7 @@
 use std::time::Duration;
 
 use lockcore::address::{redact, Secret, ServerUrl};
-use lockcore::{Error, Result, RwLayout};
+use lockcore::{Error, Layout, Result};
 
 /// The backend's short name in errors and logs.
 pub const NAME: &str = "zookeeper";
@@ -69,9 +70,12 @@ pub struct ZkConfig {
     pub connection_timeout: Duration,
     /// How long one request may take, retries across a reconnect included.
     pub request_timeout: Duration,
-    /// The layout of a read-write lock: Curator's ([`RwLayout::Native`],
-    /// the default) or built from locks ([`RwLayout::Built`]).
-    pub rwlock: RwLayout,
+    /// The layout of a read-write lock: Curator's ([`Layout::Native`],
+    /// the default) or built from locks ([`Layout::Built`]).
+    pub rwlock: Layout,
+    /// The layout of a semaphore: Curator's ([`Layout::Native`], the
+    /// default) or built from locks ([`Layout::Built`]).
+    pub semaphore: Layout,
 }
 
 impl ZkConfig {
@@ -86,7 +90,8 @@ impl ZkConfig {
             connect_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(4),
             request_timeout: Duration::from_secs(5),
-            rwlock: RwLayout::Native,
+            rwlock: Layout::Native,
+            semaphore: Layout::Native,
         }
     }
 
@@ -159,14 +164,19 @@ impl ZkConfig {
                 }
             }
         }
-        if let Some(v) = o.string("rwlock") {
-            cfg.rwlock = match v.as_str() {
-                "curator" => RwLayout::Native,
-                "built" => RwLayout::Built,
-                other => {
-                    return Err(bad(format!(
-                        "rwlock={other:?} is unknown (expected curator or built)"
-                    )))
+        for (key, field) in [
+            ("rwlock", &mut cfg.rwlock),
+            ("semaphore", &mut cfg.semaphore),
+        ] {
+            if let Some(v) = o.string(key) {
+                *field = match v.as_str() {
+                    "curator" => Layout::Native,
+                    "built" => Layout::Built,
+                    other => {
+                        return Err(bad(format!(
+                            "{key}={other:?} is unknown (expected curator or built)"
+                        )))
+                    }
                 }
             }
         }
@@ -234,9 +244,11 @@ mod tests {
         assert!(!format!("{c:?}").contains("p@ss"));
         let c = ZkConfig::parse("zk://127.0.0.1:12181").unwrap();
         assert_eq!(c.base(), "/lockcore");
-        assert_eq!(c.rwlock, RwLayout::Native);
+        assert_eq!(c.rwlock, Layout::Native);
         let c = ZkConfig::parse("zk://h?rwlock=built").unwrap();
-        assert_eq!(c.rwlock, RwLayout::Built);
+        assert_eq!((c.rwlock, c.semaphore), (Layout::Built, Layout::Native));
+        let c = ZkConfig::parse("zk://h?semaphore=built").unwrap();
+        assert_eq!((c.rwlock, c.semaphore), (Layout::Native, Layout::Built));
     }
 
     #[test]
@@ -249,6 +261,7 @@ mod tests {
             ("zk://h?acl=creator", "need digest credentials"),
             ("zk://h?acl=everyone", "acl=\"everyone\""),
             ("zk://h?rwlock=shared", "rwlock=\"shared\""),
+            ("zk://h?semaphore=3", "semaphore=\"3\""),
             ("zk://h?prefix=rel", "must start with"),
             ("redis://h", "unknown scheme"),
             ("zk://u:secret@h:1?connect_timeout_ms=x", "milliseconds"),

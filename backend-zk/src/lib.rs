@@ -1,7 +1,7 @@
 //! ZooKeeper backend for [`lockcore`]: ephemeral sequential nodes, fair and
 //! herd-free, interoperable with Apache Curator's `InterProcessMutex`,
-//! `LeaderLatch` and `InterProcessReadWriteLock`, and kazoo's `Lock`,
-//! `ReadLock` and `WriteLock`.
+//! `LeaderLatch`, `InterProcessReadWriteLock` and `InterProcessSemaphoreV2`,
+//! and kazoo's `Lock`, `ReadLock` and `WriteLock`.
 //!
 //! **Paths.** A lock name `N` maps to the parent node
 //! `<chroot><prefix>/<encode_segment(N)>` (prefix `/lockcore` by default,
@@ -28,7 +28,7 @@
 //! while our own locks and candidates on one name do exclude each other.
 //!
 //! A [`lockcore::RwLock`] takes its name's path, in Curator's
-//! `InterProcessReadWriteLock` layout ([`lockcore::RwLayout::Native`]): a
+//! `InterProcessReadWriteLock` layout ([`lockcore::Layout::Native`]): a
 //! reader creates `_c_<uuid>-__READ__<seq>`, a writer
 //! `_c_<uuid>-__WRIT__<seq>`, in one queue. A writer holds when no reader
 //! or writer is queued before it; a reader holds when no writer is, and
@@ -49,11 +49,24 @@
 //! [`inspect`](lockcore::Locker::inspect) shows the lock's. kazoo's
 //! `__lock__` nodes, both its `Lock` and its `WriteLock`, count in both.
 //!
-//! The URL option `rwlock=built` lays read-write locks out from locks
-//! instead, as on the other backends, for a `migrate:` from one of them.
-//! The two layouts do not see each other: every ZooKeeper client of a
-//! name must use the same one, and a fleet changes layout only with the
-//! read-write lock's users stopped (see [`config`]).
+//! A [`lockcore::Semaphore`] of N is Curator's `InterProcessSemaphoreV2`
+//! ([`lockcore::Layout::Native`]): a client takes the semaphore's mutex
+//! (`<segment>/locks`, the mutex layout above), creates
+//! `<segment>/leases/_c_<uuid>-lease-<seq>`, waits (holding the mutex)
+//! until `leases` has at most N children, then lets the mutex go; a permit
+//! is its lease node, its token the node's czxid, rising across every
+//! permit. So `new InterProcessSemaphoreV2(client, "<prefix>/<segment>",
+//! N)` shares the N permits with ours (checked with real Curator clients),
+//! waiters are served in arrival order, and a waiter queues once whatever
+//! N is. As in Curator, clients that disagree on N are not detected: the
+//! one holding the mutex admits by its own N.
+//!
+//! The URL options `rwlock=built` and `semaphore=built` lay read-write
+//! locks and semaphores out from locks instead, as on the other backends,
+//! for a `migrate:` from one of them. The two layouts do not see each
+//! other: every ZooKeeper client of a name must use the same one, and a
+//! fleet changes layout only with the primitive's users stopped (see
+//! [`config`]).
 //!
 //! All contenders are ordered by their 10-digit sequence suffix. Parents,
 //! the prefix and the chroot are created as *container* nodes, which the

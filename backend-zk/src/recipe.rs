@@ -107,6 +107,12 @@ pub(crate) fn node_prefix(owner: OwnerToken, with_value: bool, mode: Mode) -> St
     }
 }
 
+/// The prefix of our lease node of a semaphore, in Curator's
+/// `InterProcessSemaphoreV2` layout (ZooKeeper appends the sequence).
+pub(crate) fn lease_prefix(owner: OwnerToken) -> String {
+    format!("_c_{}-lease-", uuid_of(owner))
+}
+
 /// The sequence number of a contender node and its kind, or `None` when
 /// `child` is not a contender. ZooKeeper writes the sequence as `%010d`: 10
 /// digits, or once the parent's counter passed `i32::MAX`, `-` and 9 or 10.

@@ -964,6 +964,67 @@ async fn curator_rwlock_interoperates(ctx: Ctx) {
     d.stop().await;
 }
 
+/// Our semaphore and Curator's `InterProcessSemaphoreV2` of 2 on one
+/// path, with real Curator clients: together they never hold more than 2
+/// permits, a waiter of ours gets the lease Curator returns, and Curator
+/// gets the one we return (one `leases` node per permit, taken under the
+/// `locks` mutex).
+async fn curator_semaphore_interoperates(ctx: Ctx) {
+    let l = Locker::from_arc(backend(&ctx).await);
+    let name = ctx.name("sem");
+    let path = lockcore_zk::lock_parent(&cfg(&ctx), &name);
+    let ours = lockcore::Semaphore::new(&l, &name, 2).expect("semaphore");
+    let mut c = Curator::start(&ctx, &path, "java").await;
+
+    assert_eq!(c.ask("permit 2 5000").await, "locked");
+    let mine = ours
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("the second permit");
+    assert!(
+        ours.try_acquire().await.expect("try").is_none(),
+        "we took a third permit beside Curator's"
+    );
+    assert_eq!(
+        c.ask("permit 2 300").await,
+        "busy",
+        "Curator took a third permit beside ours"
+    );
+
+    // Our waiter gets the permit Curator returns.
+    let waiter = {
+        let ours = ours.clone();
+        tokio::spawn(async move {
+            ours.acquire_timeout(Duration::from_secs(30))
+                .await
+                .expect("a permit")
+        })
+    };
+    until_children(&raw(&ctx).await, &format!("{path}/leases"), 3).await;
+    assert_eq!(c.ask("unpermit").await, "unlocked");
+    let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("ours gets the permit Curator returned")
+        .expect("task");
+    assert_eq!(
+        c.ask("permit 2 300").await,
+        "busy",
+        "Curator beside our two"
+    );
+
+    // Curator gets the permit we return.
+    mine.release().await.expect("release");
+    assert_eq!(c.ask("permit 2 5000").await, "locked");
+    assert!(
+        ours.try_acquire().await.expect("try").is_none(),
+        "a third permit beside Curator's and ours"
+    );
+    assert_eq!(c.ask("unpermit").await, "unlocked");
+    second.release().await.expect("release");
+    c.stop().await;
+}
+
 /// A ttl below the server's minSessionTimeout (2 s here) is raised, with an
 /// honest validity; one above maxSessionTimeout (60 s) is refused, naming it.
 async fn ttl_outside_server_bounds(ctx: Ctx) {
@@ -1050,6 +1111,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("kazoo_read_and_write_nodes_are_contenders", |ctx| {
             Box::pin(kazoo_read_and_write_nodes_are_contenders(ctx))
+        })
+        .case("curator_semaphore_interoperates", |ctx| {
+            Box::pin(curator_semaphore_interoperates(ctx))
         })
         .case("curator_rwlock_interoperates", |ctx| {
             Box::pin(curator_rwlock_interoperates(ctx))

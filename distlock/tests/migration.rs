@@ -109,8 +109,40 @@ async fn rwlock_migrates_with_the_built_layout(name: String) {
     w.release().await.expect("release");
 }
 
-/// `distlock bench` on a migration with no read-write lock measures the
-/// rest and says so, instead of failing.
+/// A semaphore under `migrate:` from Redis to ZooKeeper: refused while
+/// ZooKeeper keeps Curator's layout; with `semaphore=built` on the
+/// ZooKeeper URL, a migrating holder and the plain clients of either
+/// server share one permit.
+async fn semaphore_migrates_with_the_built_layout(name: String) {
+    let (redis, zk) = (var("LOCKTEST_REDIS_URL"), var("LOCKTEST_ZK_URL"));
+    let refused = distlock::connect(&migrating("LOCKTEST_ZK_URL"))
+        .await
+        .expect("migrating");
+    let e = distlock::Semaphore::new(&refused, &name, 1).expect_err("layouts differ");
+    assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("semaphore=built"), "{e}");
+
+    let built = format!("{zk}?semaphore=built");
+    let url = format!("migrate:{redis}|{built}#fence_offset={OFFSET}");
+    let sem = |l: &lockcore::Locker| distlock::Semaphore::new(l, &name, 1).expect("semaphore");
+    let migrating = sem(&distlock::connect(&url).await.expect("migrating"));
+    let old_only = sem(&distlock::connect(&redis).await.expect("old"));
+    let new_only = sem(&distlock::connect(&built).await.expect("new"));
+    let p = migrating.try_acquire().await.expect("try").expect("free");
+    for (side, s) in [("Redis", &old_only), ("ZooKeeper", &new_only)] {
+        assert!(
+            s.try_acquire().await.expect("try").is_none(),
+            "a {side} permit beside the migrating one"
+        );
+    }
+    p.release().await.expect("release");
+    let p = new_only.try_acquire().await.expect("try").expect("free");
+    assert!(migrating.try_acquire().await.expect("try").is_none());
+    p.release().await.expect("release");
+}
+
+/// `distlock bench` on a migration with no read-write lock and no
+/// semaphore measures the rest and says so, instead of failing.
 async fn bench_runs_without_a_read_write_lock(url: String) {
     let bin = std::env::var("LOCKTEST_DISTLOCK_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_distlock").to_owned());
@@ -128,6 +160,10 @@ async fn bench_runs_without_a_read_write_lock(url: String) {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("\"rw_handoffs\":null"), "{stdout}");
+    assert!(
+        stdout.contains("\"semaphore_1_task_permits_per_s\":null"),
+        "{stdout}"
+    );
 }
 
 fn main() -> std::process::ExitCode {
@@ -153,6 +189,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("rwlock_migrates_with_the_built_layout", |ctx| {
             Box::pin(rwlock_migrates_with_the_built_layout(ctx.name("rw")))
+        })
+        .case("semaphore_migrates_with_the_built_layout", |ctx| {
+            Box::pin(semaphore_migrates_with_the_built_layout(ctx.name("sem")))
         })
         .case("bench_runs_without_a_read_write_lock", |_| {
             Box::pin(bench_runs_without_a_read_write_lock(migrating(

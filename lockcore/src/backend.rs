@@ -203,7 +203,7 @@ pub mod prelude {
         now, validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease,
         Deadline, Grant, HolderInfo, LockInfo, Mode, OwnerToken, Released, Renewal,
     };
-    pub use crate::capabilities::{Capabilities, Fencing, LeaseKind, RwLayout};
+    pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};
     pub use crate::error::{Error, ErrorKind, Result};
 }
@@ -218,14 +218,22 @@ pub enum Mode {
     /// As a reader of a read-write lock in the backend's own layout:
     /// beside other readers, not beside a writer or an exclusive holder,
     /// and behind any of those queued before it (writers first). Asked
-    /// only of a backend whose capabilities declare
-    /// [`RwLayout::Native`](crate::RwLayout::Native).
+    /// only of a backend whose [`rw_layout`](crate::Capabilities::rw_layout)
+    /// is [`Layout::Native`](crate::Layout::Native).
     Read,
     /// As a writer of a read-write lock in the backend's own layout: alone,
     /// like [`Mode::Exclusive`], in the layout's writer form. Asked only of
-    /// a backend whose capabilities declare
-    /// [`RwLayout::Native`](crate::RwLayout::Native).
+    /// a backend whose [`rw_layout`](crate::Capabilities::rw_layout) is
+    /// [`Layout::Native`](crate::Layout::Native).
     Write,
+    /// As one of at most `permits` holders of a semaphore in the backend's
+    /// own layout. Asked only of a backend whose
+    /// [`semaphore_layout`](crate::Capabilities::semaphore_layout) is
+    /// [`Layout::Native`](crate::Layout::Native).
+    Permit {
+        /// How many may hold at once.
+        permits: u32,
+    },
 }
 
 /// One acquisition, as [`Locker`](crate::Locker) hands it to the backend.
@@ -251,7 +259,8 @@ pub struct AcquireRequest<'a> {
     /// [`values`](Capabilities::values) ignores it.
     pub value: Option<&'a str>,
     /// How the name is taken: [`Mode::Exclusive`] but for a read-write
-    /// lock on a backend with a [native layout](crate::RwLayout::Native).
+    /// lock or a semaphore on a backend with a
+    /// [native layout](crate::Layout::Native) for it.
     pub mode: Mode,
 }
 

@@ -36,21 +36,26 @@ pub enum LeaseKind {
     Connection,
 }
 
-/// How a backend lays out a [`RwLock`](crate::RwLock).
+/// How a backend lays out a primitive beyond the lock: a
+/// [`RwLock`](crate::RwLock) ([`Capabilities::rw_layout`]) or a
+/// [`Semaphore`](crate::Semaphore) ([`Capabilities::semaphore_layout`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum RwLayout {
-    /// Built from the backend's locks: a writers' gate and reader slots
-    /// (see [`rwlock`](crate::rwlock)).
+pub enum Layout {
+    /// Built from the backend's locks (see [`rwlock`](crate::rwlock) and
+    /// [`semaphore`](crate::semaphore)).
     #[default]
     Built,
-    /// The backend's own layout, taken with [`Mode::Read`](crate::Mode::Read)
-    /// and [`Mode::Write`](crate::Mode::Write) on the lock's name (Curator's
-    /// `InterProcessReadWriteLock` on ZooKeeper).
+    /// The backend's own layout, taken with a [`Mode`](crate::Mode) on the
+    /// primitive's name: [`Mode::Read`](crate::Mode::Read) and
+    /// [`Mode::Write`](crate::Mode::Write) for a read-write lock,
+    /// [`Mode::Permit`](crate::Mode::Permit) for a semaphore (Curator's
+    /// `InterProcessReadWriteLock` and `InterProcessSemaphoreV2` on
+    /// ZooKeeper).
     Native,
     /// None: a `migrate:` pair whose backends lay it out differently. A
     /// client taking one layout on each would not exclude the plain
-    /// clients of either, so there is no read-write lock on it.
+    /// clients of either, so the primitive is refused on it.
     Unsupported,
 }
 
@@ -86,12 +91,14 @@ pub struct Capabilities {
     /// [`Election`](crate::Election) needs to tell observers who leads.
     pub values: bool,
     /// How a [`RwLock`](crate::RwLock) is laid out on this backend.
-    pub rw_layout: RwLayout,
+    pub rw_layout: Layout,
+    /// How a [`Semaphore`](crate::Semaphore) is laid out on this backend.
+    pub semaphore_layout: Layout,
 }
 
 impl Capabilities {
     /// Not fair, no push wake-up, no inspection, no values, cross-process,
-    /// read-write locks [built from locks](RwLayout::Built).
+    /// read-write locks and semaphores [built from locks](Layout::Built).
     pub const fn new(fencing: Fencing, lease: LeaseKind) -> Self {
         Capabilities {
             fencing,
@@ -101,7 +108,8 @@ impl Capabilities {
             inspect: false,
             cross_process: true,
             values: false,
-            rw_layout: RwLayout::Built,
+            rw_layout: Layout::Built,
+            semaphore_layout: Layout::Built,
         }
     }
 
@@ -142,8 +150,15 @@ impl Capabilities {
 
     /// Sets [`rw_layout`](Capabilities::rw_layout).
     #[must_use]
-    pub const fn rw_layout(mut self, v: RwLayout) -> Self {
+    pub const fn rw_layout(mut self, v: Layout) -> Self {
         self.rw_layout = v;
+        self
+    }
+
+    /// Sets [`semaphore_layout`](Capabilities::semaphore_layout).
+    #[must_use]
+    pub const fn semaphore_layout(mut self, v: Layout) -> Self {
+        self.semaphore_layout = v;
         self
     }
 

@@ -74,7 +74,7 @@ pub use backend::{
     AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, Mode, OwnerToken,
     Released, Renewal,
 };
-pub use capabilities::{Capabilities, Fencing, LeaseKind, RwLayout};
+pub use capabilities::{Capabilities, Fencing, Layout, LeaseKind};
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{AcquireRequest, Backend, Deadline, LockInfo, Mode, OwnerToken};
-use crate::capabilities::{Capabilities, RwLayout};
+use crate::capabilities::{Capabilities, Layout};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::held::Held;
@@ -230,10 +230,16 @@ impl Locker {
         let backend = self.backend.name();
         validate_name(backend, name)?;
         opts.validate(backend)?;
-        if mode != Mode::Exclusive && self.capabilities().rw_layout != RwLayout::Native {
+        let caps = self.capabilities();
+        let native = match mode {
+            Mode::Read | Mode::Write => caps.rw_layout == Layout::Native,
+            Mode::Permit { .. } => caps.semaphore_layout == Layout::Native,
+            _ => true,
+        };
+        if !native {
             return Err(Error::invalid_config(
                 backend,
-                "this backend has no read-write lock layout of its own",
+                format!("this backend has no layout of its own for {mode:?}"),
             )
             .with_name(name));
         }

@@ -65,7 +65,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{
     now, AcquireRequest, Backend, BackendLease, Grant, LockInfo, Released, Renewal,
 };
-use crate::capabilities::{Capabilities, Fencing, LeaseKind, RwLayout};
+use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind};
 use crate::cleanup::CleanupOnDrop;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -224,6 +224,16 @@ fn undo_half(lease: &Arc<dyn BackendLease>) -> CleanupOnDrop {
     })
 }
 
+/// The layout of a primitive on both backends, or
+/// [`Layout::Unsupported`] when they differ.
+fn same_layout(a: Layout, b: Layout) -> Layout {
+    if a == b {
+        a
+    } else {
+        Layout::Unsupported
+    }
+}
+
 #[async_trait]
 impl Backend for Migrating {
     fn name(&self) -> &'static str {
@@ -241,11 +251,8 @@ impl Backend for Migrating {
         .inspect(a.inspect && b.inspect)
         .cross_process(a.cross_process && b.cross_process)
         .values(a.values && b.values)
-        .rw_layout(if a.rw_layout == b.rw_layout {
-            a.rw_layout
-        } else {
-            RwLayout::Unsupported
-        })
+        .rw_layout(same_layout(a.rw_layout, b.rw_layout))
+        .semaphore_layout(same_layout(a.semaphore_layout, b.semaphore_layout))
     }
 
     /// Takes `req.name` on the old backend, then on the new one, both by

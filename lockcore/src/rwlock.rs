@@ -2,7 +2,7 @@
 //! waiting writer is not starved by a stream of readers.
 //!
 //! **Layout.** A backend with a read-write lock layout of its own
-//! ([`RwLayout::Native`]) takes `L` itself as a reader or a writer
+//! ([`Layout::Native`]) takes `L` itself as a reader or a writer
 //! ([`Mode::Read`], [`Mode::Write`]): on ZooKeeper that is Curator's
 //! `InterProcessReadWriteLock`, one queue of reader and writer nodes where
 //! a reader waits only for the writers queued before it, so it is writers
@@ -27,7 +27,7 @@
 //! beside a writer it returns `None` after that, not at once.
 //!
 //! A `migrate:` pair whose backends lay it out differently has no
-//! read-write lock ([`RwLayout::Unsupported`]): [`RwLock::new`] refuses it.
+//! read-write lock ([`Layout::Unsupported`]): [`RwLock::new`] refuses it.
 //!
 //! **Tokens.** A writer's token rises strictly across writers: it is the
 //! gate's in the built layout, the writer node's in a native one. A
@@ -66,7 +66,7 @@ use futures_util::future::select_all;
 
 use crate::name::validate_compound_name;
 use crate::semaphore::{Permit, Semaphore};
-use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Mode, Result, RwLayout, Wait};
+use crate::{Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, Result, Wait};
 
 /// The readers that may read at once in the built layout (a native one has
 /// no limit). Fixed: a reader and a writer that
@@ -91,7 +91,7 @@ pub struct RwLock {
     locker: Locker,
     name: String,
     readers: Semaphore,
-    /// The backend's own layout ([`RwLayout::Native`]).
+    /// The backend's own layout ([`Layout::Native`]).
     native: bool,
 }
 
@@ -109,8 +109,8 @@ impl RwLock {
         let backend = locker.backend_name();
         validate_compound_name(backend, name, LONGEST_SUFFIX, "a read-write lock")?;
         let native = match locker.capabilities().rw_layout {
-            RwLayout::Built => false,
-            RwLayout::Native => true,
+            Layout::Built => false,
+            Layout::Native => true,
             _ => {
                 return Err(Error::invalid_config(
                     backend,
@@ -122,7 +122,7 @@ impl RwLock {
         Ok(RwLock {
             locker: locker.clone(),
             name: name.to_owned(),
-            readers: Semaphore::new(locker, &format!("{name}/read"), MAX_READERS)?,
+            readers: Semaphore::built(locker, &format!("{name}/read"), MAX_READERS)?,
             native,
         })
     }

@@ -2,7 +2,15 @@
 //! at once, each permit a lease with the lock's watchdog, lost signal and
 //! fencing token.
 //!
-//! **Layout.** Permit `i` (from 0) of semaphore `S` is the lock named
+//! **Layout.** A backend with a semaphore layout of its own
+//! ([`Layout::Native`](crate::Layout::Native)) takes `S` itself as one of
+//! its `permits` holders ([`Mode::Permit`]): on ZooKeeper that is Curator's
+//! `InterProcessSemaphoreV2`, where a waiter queues once, in arrival order,
+//! and a permit's token rises across every permit of the semaphore. There
+//! permits have no slot. A `migrate:` pair whose backends lay a semaphore
+//! out differently has none: [`Semaphore::new`] refuses it.
+//!
+//! On the others, permit `i` (from 0) of semaphore `S` is the lock named
 //! `S/permit-<i>` (four digits, `S/permit-0000`), taken by an owner of its
 //! own, on whichever backend the [`Locker`] talks to. So a permit has every
 //! promise of that backend's lock: its lease kind, its fencing (a permit's
@@ -39,7 +47,7 @@
 //! assert!(sem.try_acquire().await?.is_none(), "no third while two are held");
 //! a.release().await?;
 //! let c = sem.try_acquire().await?.expect("free again");
-//! println!("permit {} with token {:?}", c.slot(), c.fence());
+//! println!("permit in slot {:?} with token {:?}", c.slot(), c.fence());
 //! b.release().await?;
 //! c.release().await?;
 //! # Ok(()) }
@@ -53,7 +61,7 @@ use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::name::validate_compound_name;
-use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
+use crate::{Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, Result, Wait};
 
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 1000;
@@ -69,6 +77,8 @@ pub struct Semaphore {
     locker: Locker,
     name: String,
     permits: u32,
+    /// The backend's own layout ([`Layout::Native`]).
+    native: bool,
 }
 
 impl Semaphore {
@@ -77,9 +87,31 @@ impl Semaphore {
     /// # Errors
     ///
     /// [`ErrorKind::InvalidConfig`] for a count outside 1 to
-    /// [`MAX_PERMITS`]; [`ErrorKind::InvalidName`] for a name the lock
-    /// would refuse, or too long to leave room for the slot suffix.
+    /// [`MAX_PERMITS`], or on a `migrate:` pair whose backends lay a
+    /// semaphore out differently; [`ErrorKind::InvalidName`] for a name the
+    /// lock would refuse, or too long to leave room for the slot suffix.
     pub fn new(locker: &Locker, name: &str, permits: u32) -> Result<Self> {
+        let backend = locker.backend_name();
+        let native = match locker.capabilities().semaphore_layout {
+            Layout::Built => false,
+            Layout::Native => true,
+            _ => {
+                return Err(Error::invalid_config(
+                    backend,
+                    "the two backends of this migration lay a semaphore out differently (one builds it from locks, the other has its own layout), so a client of both could not exclude the plain clients of either: lay it out from locks on every client of the name (ZooKeeper's URL option semaphore=built, kept for good), or stop the semaphore's users while the migration runs",
+                )
+                .with_name(name))
+            }
+        };
+        let mut sem = Self::built(locker, name, permits)?;
+        sem.native = native;
+        Ok(sem)
+    }
+
+    /// A semaphore in the layout built from locks, whatever the backend's
+    /// own: a read-write lock's reader slots, which its writers take by
+    /// name.
+    pub(crate) fn built(locker: &Locker, name: &str, permits: u32) -> Result<Self> {
         let backend = locker.backend_name();
         if !(1..=MAX_PERMITS).contains(&permits) {
             return Err(Error::invalid_config(
@@ -92,6 +124,7 @@ impl Semaphore {
             locker: locker.clone(),
             name: name.to_owned(),
             permits,
+            native: false,
         })
     }
 
@@ -105,7 +138,8 @@ impl Semaphore {
         self.permits
     }
 
-    /// The lock name of slot `i`: what [`Locker::inspect`] asks about.
+    /// The lock name of slot `i` in the built layout: what
+    /// [`Locker::inspect`] asks about (a native layout has no slots).
     pub fn slot_name(&self, i: u32) -> String {
         format!("{}/permit-{i:04}", self.name)
     }
@@ -163,6 +197,18 @@ impl Semaphore {
     /// are released at once.
     pub async fn acquire(&self, opts: &LockOptions) -> Result<Option<Permit>> {
         opts.validate(self.locker.backend_name())?;
+        if self.native {
+            let mode = Mode::Permit {
+                permits: self.permits,
+            };
+            // A clone is a new owner: permits are never reentrant.
+            let guard = self
+                .locker
+                .clone()
+                .acquire_with(&self.name, opts, None, mode)
+                .await?;
+            return Ok(guard.map(|guard| Permit { guard, slot: None }));
+        }
         let began = Instant::now();
         let try_opts = opts.wait(Wait::Try);
         let start = start_slot(self.permits);
@@ -175,7 +221,10 @@ impl Semaphore {
                 .acquire(&self.slot_name(i), &try_opts)
                 .await?
             {
-                return Ok(Some(Permit { guard, slot: i }));
+                return Ok(Some(Permit {
+                    guard,
+                    slot: Some(i),
+                }));
             }
         }
         if opts.get_wait() == Wait::Try {
@@ -202,7 +251,10 @@ impl Semaphore {
                     // Slots granted in the same turn are given back; the
                     // rest are dropped, which leaves nothing queued.
                     drop(waits);
-                    return Ok(Some(Permit { guard, slot: i }));
+                    return Ok(Some(Permit {
+                        guard,
+                        slot: Some(i),
+                    }));
                 }
                 Ok(None) => {}
                 Err(e) if e.kind() == ErrorKind::Timeout => timed_out = Some(e),
@@ -225,22 +277,26 @@ fn start_slot(permits: u32) -> u32 {
     rand::rng().random_range(0..permits.max(1))
 }
 
-/// One held permit: a lease on one slot of the semaphore, with the lock
-/// guard's promises (renewal, lost signal, fencing token, release on drop).
+/// One held permit: a lease on the semaphore (on one of its slots in the
+/// built layout), with the lock guard's promises (renewal, lost signal,
+/// fencing token, release on drop).
 #[derive(Debug)]
 pub struct Permit {
     guard: LockGuard,
-    slot: u32,
+    slot: Option<u32>,
 }
 
 impl Permit {
-    /// The slot this permit holds (from 0).
-    pub fn slot(&self) -> u32 {
+    /// The slot this permit holds (from 0) in the built layout; `None` in
+    /// a native one.
+    pub fn slot(&self) -> Option<u32> {
         self.slot
     }
 
-    /// The slot lock's fencing token: strictly rising across the holders of
-    /// this slot (not across slots), `None` where the backend has none.
+    /// The permit's fencing token, `None` where the backend has none. In
+    /// the built layout it is its slot lock's, strictly rising across the
+    /// holders of that slot (not across slots); in a native one it rises
+    /// across every permit of the semaphore.
     pub fn fence(&self) -> Option<u64> {
         self.guard.fence()
     }
@@ -260,12 +316,12 @@ impl Permit {
         self.guard.lost_token()
     }
 
-    /// The slot's lock guard.
+    /// The permit's lock guard.
     pub fn guard(&self) -> &LockGuard {
         &self.guard
     }
 
-    /// The slot's lock guard, to hold the permit as a lock.
+    /// The permit's lock guard, to hold the permit as a lock.
     pub fn into_guard(self) -> LockGuard {
         self.guard
     }

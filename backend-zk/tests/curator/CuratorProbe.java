@@ -1,5 +1,6 @@
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.util.ArrayDeque;
 import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
@@ -7,6 +8,8 @@ import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryOneTime;
 
 /**
@@ -26,7 +29,10 @@ import org.apache.curator.retry.RetryOneTime;
  * <li>{@code unlock}: {@code unlocked};
  * <li>{@code read MS} / {@code write MS}: {@code InterProcessReadWriteLock}'s read or write lock on
  *     PATH for up to MS; {@code locked} or {@code busy};
- * <li>{@code unread} / {@code unwrite}: {@code unlocked}.
+ * <li>{@code unread} / {@code unwrite}: {@code unlocked};
+ * <li>{@code permit N MS}: a lease of an {@code InterProcessSemaphoreV2} of N on PATH for up to MS;
+ *     {@code locked} or {@code busy};
+ * <li>{@code unpermit}: returns the latest lease; {@code unlocked}.
  * </ul>
  * End of input closes everything and exits 0.
  */
@@ -44,6 +50,7 @@ public class CuratorProbe {
         LeaderLatch latch = null;
         InterProcessMutex mutex = new InterProcessMutex(client, path);
         InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, path);
+        ArrayDeque<Lease> leases = new ArrayDeque<>();
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
         System.out.println("ready");
         System.out.flush();
@@ -98,6 +105,21 @@ public class CuratorProbe {
                     break;
                 case "unwrite":
                     rw.writeLock().release();
+                    reply = "unlocked";
+                    break;
+                case "permit": {
+                    String[] arg = word[1].split(" ");
+                    InterProcessSemaphoreV2 sem =
+                            new InterProcessSemaphoreV2(client, path, Integer.parseInt(arg[0]));
+                    Lease lease = sem.acquire(Long.parseLong(arg[1]), TimeUnit.MILLISECONDS);
+                    if (lease != null) {
+                        leases.push(lease);
+                    }
+                    reply = lease != null ? "locked" : "busy";
+                    break;
+                }
+                case "unpermit":
+                    leases.pop().close();
                     reply = "unlocked";
                     break;
                 default:

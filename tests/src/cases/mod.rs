@@ -76,8 +76,13 @@ fn unless_values(c: &Ctx) -> Option<&'static str> {
         .then_some("the backend keeps no value beside a lease (no leader election)")
 }
 
+fn unless_semaphore(c: &Ctx) -> Option<&'static str> {
+    (c.caps.semaphore_layout == lockcore::Layout::Unsupported)
+        .then_some("the backends of this migration lay a semaphore out differently (no semaphore)")
+}
+
 fn unless_rwlock(c: &Ctx) -> Option<&'static str> {
-    (c.caps.rw_layout == lockcore::RwLayout::Unsupported).then_some(
+    (c.caps.rw_layout == lockcore::Layout::Unsupported).then_some(
         "the backends of this migration lay a read-write lock out differently (no read-write lock)",
     )
 }
@@ -127,10 +132,24 @@ pub fn cases() -> Vec<Case> {
             .then_some("an in-process backend has no server to be absent")),
         case!(unavailable::server_stops_answering, unless_proxy),
         case!(history::history_of_a_contended_run_is_safe),
-        case!(semaphore::semaphore_never_more_than_n),
-        case!(semaphore::semaphore_full_on_the_server),
-        case!(semaphore::semaphore_release_wakes_a_waiter),
-        case!(semaphore::semaphore_dropped_waits_leave_nothing),
+        case!(semaphore::semaphore_never_more_than_n, unless_semaphore),
+        case!(semaphore::semaphore_full_on_the_server, unless_semaphore),
+        case!(
+            semaphore::semaphore_release_wakes_a_waiter,
+            unless_semaphore
+        ),
+        case!(
+            semaphore::semaphore_dropped_waits_leave_nothing,
+            unless_semaphore
+        ),
+        case!(semaphore::semaphore_tokens_rise_across_permits, |c| {
+            (!(c.caps.semaphore_layout == lockcore::Layout::Native && c.caps.has_fencing()))
+                .then_some("only a native layout with fencing orders every permit")
+        }),
+        case!(semaphore::semaphore_refused_where_layouts_differ, |c| {
+            (c.caps.semaphore_layout != lockcore::Layout::Unsupported)
+                .then_some("the backend has a semaphore")
+        }),
         case!(rwlock::rwlock_readers_share_writer_excludes, unless_rwlock),
         case!(rwlock::rwlock_writer_not_starved, unless_rwlock),
         case!(rwlock::rwlock_concurrent_try_reads_share, unless_rwlock),
@@ -145,11 +164,11 @@ pub fn cases() -> Vec<Case> {
         case!(rwlock::rwlock_dropped_write_leaves_nothing, unless_rwlock),
         case!(rwlock::rwlock_is_not_the_lock_of_its_name, unless_rwlock),
         case!(rwlock::rwlock_reader_tokens_sit_between_writers, |c| {
-            (!(c.caps.rw_layout == lockcore::RwLayout::Native && c.caps.has_fencing()))
+            (!(c.caps.rw_layout == lockcore::Layout::Native && c.caps.has_fencing()))
                 .then_some("only a native layout with fencing orders readers among writers")
         }),
         case!(rwlock::rwlock_refused_where_layouts_differ, |c| {
-            (c.caps.rw_layout != lockcore::RwLayout::Unsupported)
+            (c.caps.rw_layout != lockcore::Layout::Unsupported)
                 .then_some("the backend has a read-write lock")
         }),
         case!(election::election_one_leader_on_the_server, unless_values),

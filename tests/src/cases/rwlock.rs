@@ -36,7 +36,7 @@ pub async fn rwlock_readers_share_writer_excludes(ctx: Ctx) {
     );
     r2.release().await.unwrap();
     let w = rc.try_write().await.unwrap().expect("no reader left");
-    if ctx.caps.rw_layout == lockcore::RwLayout::Built {
+    if ctx.caps.rw_layout == lockcore::Layout::Built {
         must_be_held(&a, &rc.gate_name()).await;
     }
     assert!(

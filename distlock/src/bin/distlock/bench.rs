@@ -5,7 +5,7 @@ use std::time::Duration;
 use distlock::Locker;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockcore::bench as workload;
-use lockcore::{LeaseKind, RwLayout};
+use lockcore::{Layout, LeaseKind};
 use serde_json::json;
 
 use crate::exit;
@@ -96,16 +96,22 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
     pb.finish_and_clear();
     let handoffs_per_s = lat.len() as f64 / run.as_secs_f64();
 
-    let pb = bar(
-        &format!("semaphore of {BENCH_PERMITS} permits, 1 task"),
-        run,
-    );
-    let (permits, permit_floor) =
-        workload::permit_pairs(&locker, &format!("{ns}/permits"), BENCH_PERMITS, run).await?;
-    pb.finish_and_clear();
+    // A migration between two semaphore layouts has none.
+    let sem = if locker.capabilities().semaphore_layout == Layout::Unsupported {
+        None
+    } else {
+        let pb = bar(
+            &format!("semaphore of {BENCH_PERMITS} permits, 1 task"),
+            run,
+        );
+        let pairs =
+            workload::permit_pairs(&locker, &format!("{ns}/permits"), BENCH_PERMITS, run).await?;
+        pb.finish_and_clear();
+        Some(pairs)
+    };
 
     // A migration between two read-write lock layouts has none.
-    let rw_lat = if locker.capabilities().rw_layout == RwLayout::Unsupported {
+    let rw_lat = if locker.capabilities().rw_layout == Layout::Unsupported {
         None
     } else {
         let pb = bar("read-write lock, 1 writer and 1 reader taking turns", run);
@@ -150,8 +156,8 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
             "handoffs_per_s": handoffs_per_s,
             "handoff_latency_ms": { "p50": p50, "p99": p99, "max": max },
             "semaphore_permits": BENCH_PERMITS,
-            "semaphore_1_task_permits_per_s": permits,
-            "semaphore_lock_floor_pairs_per_s": permit_floor,
+            "semaphore_1_task_permits_per_s": sem.map(|(permits, _)| permits),
+            "semaphore_lock_floor_pairs_per_s": sem.map(|(_, floor)| floor),
             "rw_handoffs": rw.map(|(n, _, _)| n),
             "rw_handoff_latency_ms": rw.map(|(_, p50, p99)| json!({ "p50": p50, "p99": p99 })),
             "held": { "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
@@ -173,10 +179,15 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         args.contenders
     );
     println!("| hand-off latency p50 / p99 / max | {p50:.3} / {p99:.3} / {max:.3} ms |");
-    println!(
-        "| semaphore of {BENCH_PERMITS} permits, acquire+release, 1 task | {permits:.0} permits/s ({:.2}× the lock's {permit_floor:.0} pairs/s in alternating thirds) |",
-        permits / permit_floor.max(1e-9)
-    );
+    match sem {
+        Some((permits, permit_floor)) => println!(
+            "| semaphore of {BENCH_PERMITS} permits, acquire+release, 1 task | {permits:.0} permits/s ({:.2}× the lock's {permit_floor:.0} pairs/s in alternating thirds) |",
+            permits / permit_floor.max(1e-9)
+        ),
+        None => println!(
+            "| semaphore of {BENCH_PERMITS} permits | none: the two backends lay a semaphore out differently |"
+        ),
+    }
     match rw {
         Some((_, rw50, rw99)) => println!(
             "| read-write hand-off (writer ↔ reader) p50 / p99 | {rw50:.3} / {rw99:.3} ms |"
