@@ -14,7 +14,8 @@ use crate::config::{AclMode, ZkConfig, NAME};
 use crate::error::map_err;
 use crate::lease::ZkLease;
 use crate::nodes::{
-    create_node, data_of, delete_node, delete_ours, list, lock_parent, vanished, AbortOnDrop,
+    create_node, data_of, delete_for_good, delete_node, delete_ours, list, lock_parent, vanished,
+    AbortOnDrop,
 };
 use crate::recipe;
 use crate::session::Session;
@@ -348,7 +349,8 @@ impl ZkBackend {
     /// `InterProcessSemaphoreV2` layout: under the semaphore's mutex
     /// (`<name>/locks`), create `<name>/leases/_c_<uuid>-lease-<seq>`, and
     /// wait until `leases` has at most `permits` children; then let the
-    /// mutex go. Waiters queue on the mutex, in arrival order.
+    /// mutex go. Waiters queue on the mutex, in arrival order; a try skips
+    /// it.
     ///
     /// # Cancel safety
     ///
@@ -363,12 +365,20 @@ impl ZkBackend {
     ) -> Result<Option<Grant>> {
         let base = self.lock_parent(req.name);
         let (locks, leases) = (format!("{base}/locks"), format!("{base}/leases"));
-        let mutex_prefix = recipe::node_prefix(req.owner, false, Mode::Exclusive);
-        let Some(mutex) = self
-            .queue(session, &locks, &mutex_prefix, req, started)
-            .await?
-        else {
-            return Ok(None);
+        // A try does not queue on the mutex, which a waiter holds while it
+        // waits: it counts the leases with its own among them, which is as
+        // safe (a grant sees every lease created before its listing) and
+        // only barges ahead of the waiters, as a try may.
+        let mutex = if req.deadline == Deadline::Now {
+            None
+        } else {
+            let Some(mutex) = self
+                .queue(session, &locks, &mutex_prefix(req.owner), req, started)
+                .await?
+            else {
+                return Ok(None);
+            };
+            Some(mutex)
         };
         let prefix = recipe::lease_prefix(req.owner);
         let cleanup = CleanupOnDrop::new(
@@ -408,9 +418,17 @@ impl ZkBackend {
                 .filter(|c| !c.starts_with(&prefix) || **c == node)
                 .count();
             if held <= permits as usize {
-                // The mutex goes first: the lease node stays ours to delete
-                // until the grant is returned.
-                mutex.cleanup.run_now().await;
+                // The mutex goes in the background (sent at once, tried
+                // again until done): admission is over, the permit holds.
+                if let Some(mutex) = mutex {
+                    mutex.cleanup.disarm();
+                    let (s, prefix) = (session.clone(), mutex_prefix(req.owner));
+                    spawn_cleanup("let a semaphore's mutex go", async move {
+                        delete_for_good(s.clone(), mutex.path).await;
+                        // A late twin of a create cut off by a connection loss.
+                        delete_ours(s, locks, prefix).await;
+                    });
+                }
                 cleanup.disarm();
                 let lease = ZkLease::new(session.clone(), leases, prefix, path, req.lost.clone());
                 return Ok(Some(Grant {
@@ -421,7 +439,9 @@ impl ZkBackend {
             }
             if req.deadline.passed(Instant::now()) {
                 cleanup.run_now().await;
-                mutex.cleanup.run_now().await;
+                if let Some(mutex) = mutex {
+                    mutex.cleanup.run_now().await;
+                }
                 return Ok(None);
             }
             let mut event = AbortOnDrop(tokio::spawn(watcher.changed()));
@@ -433,12 +453,19 @@ impl ZkBackend {
                 ))),
                 () = req.deadline.sleep() => {
                     cleanup.run_now().await;
-                    mutex.cleanup.run_now().await;
+                    if let Some(mutex) = mutex {
+                        mutex.cleanup.run_now().await;
+                    }
                     return Ok(None);
                 }
             }
         }
     }
+}
+
+/// The prefix of our node on a semaphore's mutex.
+fn mutex_prefix(owner: OwnerToken) -> String {
+    recipe::node_prefix(owner, false, Mode::Exclusive)
 }
 
 /// A lease lives by its session: a ttl above the negotiated session timeout

@@ -228,9 +228,13 @@ impl Drop for ZkLease {
         {
             return;
         }
-        let (session, path) = (self.session.clone(), self.path.clone());
-        spawn_cleanup("delete the node of a dropped lease", async move {
-            let _ = delete_node(&session, &path).await;
-        });
+        spawn_cleanup(
+            "delete the node of a dropped lease",
+            delete_ours(
+                self.session.clone(),
+                self.parent.clone(),
+                self.prefix.clone(),
+            ),
+        );
     }
 }

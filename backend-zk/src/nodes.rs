@@ -3,6 +3,7 @@
 //! our nodes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockcore::name::encode_segment;
 use lockcore::{Error, ErrorKind, OwnerToken, Result};
@@ -170,20 +171,62 @@ pub(crate) async fn delete_node(session: &Session, path: &str) -> Result<bool> {
     }
 }
 
-/// Deletes every child of `parent` that starts with `prefix` (our uuid).
+/// Deletes every child of `parent` that starts with `prefix` (our uuid),
+/// tried again while the session lives (as Curator's guaranteed delete):
+/// a node of ours left on a live session would hold its queue for as long
+/// as the session lasts, which other leases on it may keep open for good.
 pub(crate) async fn delete_ours(session: Arc<Session>, parent: String, prefix: String) {
-    let children = match list(&session, &parent).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::debug!(error = %e, %parent, "cleanup could not list; the node ends with the session");
+    for_good(&session, &parent, || sweep(&session, &parent, &prefix)).await;
+}
+
+/// Deletes our node `path`, tried again while the session lives (see
+/// [`delete_ours`]).
+pub(crate) async fn delete_for_good(session: Arc<Session>, path: String) {
+    for_good(&session, &path, || async {
+        delete_node(&session, &path).await.map(drop)
+    })
+    .await;
+}
+
+/// Runs `attempt` until it succeeds or the session ends, pausing longer
+/// after each failure.
+async fn for_good<F, Fut>(session: &Session, what: &str, mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let e = match attempt().await {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        if session.is_dead() {
+            tracing::debug!(error = %e, what, "cleanup could not finish; the node ended with the session");
             return;
         }
-    };
-    for c in children.into_iter().filter(|c| c.starts_with(&prefix)) {
-        if let Err(e) = delete_node(&session, &format!("{parent}/{c}")).await {
-            tracing::debug!(error = %e, node = %c, "cleanup could not delete; the node ends with the session");
+        tracing::debug!(error = %e, what, ?pause, "cleanup could not finish; trying again");
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            _ = session.dead() => {}
         }
+        pause = (pause * 2).min(MAX_CLEANUP_PAUSE);
     }
+}
+
+/// The longest pause between two attempts of a cleanup.
+const MAX_CLEANUP_PAUSE: Duration = Duration::from_secs(2);
+
+/// One attempt of [`delete_ours`].
+async fn sweep(session: &Session, parent: &str, prefix: &str) -> Result<()> {
+    for c in list(session, parent)
+        .await?
+        .into_iter()
+        .filter(|c| c.starts_with(prefix))
+    {
+        delete_node(session, &format!("{parent}/{c}")).await?;
+    }
+    Ok(())
 }
 
 /// Runs `fut` in a task that is aborted when the handle is dropped (so a

@@ -20,6 +20,10 @@ use zookeeper_client as zk;
 use crate::config::{ZkConfig, NAME};
 use crate::error::{is_connection_error, map_err};
 
+/// How long a request that failed on its connection waits, at most, for
+/// the client's state to move before it is retried.
+const SETTLE: Duration = Duration::from_millis(50);
+
 /// State shared with the monitor task.
 #[derive(Debug)]
 struct Shared {
@@ -239,6 +243,22 @@ impl Session {
         self.shared.kill(reason);
     }
 
+    /// After a request failed on its connection: waits until the state
+    /// moves, the session ends, or [`SETTLE`] passed. The client may fail a
+    /// request before its state says the connection is gone, or (its task
+    /// stopped, as when the runtime shuts down) never say so; without this
+    /// pause a retry loop would spin without yielding, so that neither its
+    /// request timeout nor a shutdown could stop it.
+    async fn settle(&self) {
+        let mut w = self.state.clone();
+        let _ = w.state();
+        tokio::select! {
+            _ = w.changed() => {}
+            _ = self.dead() => {}
+            () = tokio::time::sleep(SETTLE) => {}
+        }
+    }
+
     /// Waits until the session is connected again, or fails once it ended.
     pub(crate) async fn wait_connected(&self) -> Result<()> {
         let mut w = self.state.clone();
@@ -282,6 +302,7 @@ impl Session {
                 let client = self.client().map_err(|_| zk::Error::SessionExpired)?;
                 match op(client).await {
                     Err(e) if is_connection_error(&e) => {
+                        self.settle().await;
                         self.wait_connected()
                             .await
                             .map_err(|_| zk::Error::SessionExpired)?;

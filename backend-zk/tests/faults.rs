@@ -253,6 +253,48 @@ async fn tries_on_a_silent_ensemble_end_together(ctx: Ctx) {
     );
 }
 
+/// A release cut off by a partition longer than the request timeout and
+/// shorter than the session still frees the name once the partition heals:
+/// our node is deleted for good, not tried once and left to the session
+/// (which lives on, and with it the node, blocking the name).
+async fn a_release_cut_off_by_a_partition_frees_the_name(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let routed = proxies
+        .route_url(
+            &format!(
+                "zk://{}{CHROOT}?request_timeout_ms=1000&connection_timeout_ms=2000",
+                hosts(&ctx)
+            ),
+            2181,
+        )
+        .await
+        .expect("proxy");
+    let l = lockcore_zk::connect(&routed).await.expect("connect");
+    let other = Locker::from_arc(backend(&ctx).await);
+    let name = ctx.name("cut-release");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .wait(lockcore::Wait::Try);
+    let g = l
+        .acquire(&name, &opts)
+        .await
+        .expect("acquire")
+        .expect("free");
+    proxies.blackhole(Dir::Both);
+    let released = g.release().await;
+    println!("zk: a release during the partition: {released:?}");
+    proxies.heal();
+    let got = other
+        .acquire(
+            &name,
+            &LockOptions::new().wait(lockcore::Wait::For(Duration::from_secs(15))),
+        )
+        .await
+        .expect("the node of a cut-off release stayed while its session lived");
+    got.expect("acquired").release().await.expect("release");
+    drop(l);
+}
+
 /// A second node of ours (a creation that was cut off, then applied late)
 /// appears in the queue after the grant: the release deletes it too, so it
 /// does not block the name.
@@ -1096,6 +1138,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("tries_on_a_silent_ensemble_end_together", |ctx| {
             Box::pin(tries_on_a_silent_ensemble_end_together(ctx))
+        })
+        .case("a_release_cut_off_by_a_partition_frees_the_name", |ctx| {
+            Box::pin(a_release_cut_off_by_a_partition_frees_the_name(ctx))
         })
         .case("release_deletes_a_late_twin", |ctx| {
             Box::pin(release_deletes_a_late_twin(ctx))

@@ -18,7 +18,7 @@
 //! slot, not across slots), cancel safety, and the server check of who holds
 //! it ([`Locker::inspect`] on the slot name).
 //!
-//! **Acquire.** One `try` on each slot, from a random one (so that clients
+//! **Acquire** (built layout). One `try` on each slot, from a random one (so that clients
 //! spread over the slots); if all are held and the options allow waiting,
 //! one wait on every slot at once, and the first slot granted is the
 //! permit: the other waits are dropped, which the lock's cancel safety turns
@@ -31,9 +31,10 @@
 //! one [`Locker`]) can hold several permits of a semaphore, each counted.
 //!
 //! **Mismatched counts.** Clients that disagree on `permits` for one name
-//! share the slots they have in common: together they never hold more than
-//! the largest count. The count is not stored on the server, so a mismatch
-//! is not detected.
+//! never hold more than the largest count together: in the built layout
+//! they share the slots they have in common; in Curator's, each admits by
+//! its own count. The count is not stored on the server, so a mismatch is
+//! not detected.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -191,10 +192,11 @@ impl Semaphore {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: each slot's attempt is a [`Locker::acquire`], and a
-    /// dropped one leaves nothing held or queued on the server after at
-    /// most one cleanup round trip. Slots granted beside the one returned
-    /// are released at once.
+    /// Cancel safe: each attempt (on a slot in the built layout, on the
+    /// name in a native one) is a [`Locker::acquire`], and a dropped one
+    /// leaves nothing held or queued on the server after at most one
+    /// cleanup round trip. Slots granted beside the one returned are
+    /// released at once.
     pub async fn acquire(&self, opts: &LockOptions) -> Result<Option<Permit>> {
         opts.validate(self.locker.backend_name())?;
         if self.native {

@@ -146,6 +146,10 @@ pub fn cases() -> Vec<Case> {
             (!(c.caps.semaphore_layout == lockcore::Layout::Native && c.caps.has_fencing()))
                 .then_some("only a native layout with fencing orders every permit")
         }),
+        case!(semaphore::semaphore_concurrent_tries_share, |c| {
+            (c.caps.semaphore_layout != lockcore::Layout::Native)
+                .then_some("a try in the built layout may find a slot's lock busy for a moment")
+        }),
         case!(semaphore::semaphore_refused_where_layouts_differ, |c| {
             (c.caps.semaphore_layout != lockcore::Layout::Unsupported)
                 .then_some("the backend has a semaphore")

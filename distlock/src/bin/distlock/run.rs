@@ -74,7 +74,8 @@ pub(crate) struct Common {
 pub(crate) struct Args {
     /// Take one of N permits of a semaphore on NAME instead of the lock: at
     /// most N copies run at once (like `consul lock -n N`). No
-    /// DISTLOCK_FENCE is exported (a permit's token orders one slot only).
+    /// DISTLOCK_FENCE is exported (N hold at once: a permit's token fences
+    /// nothing).
     #[arg(long, value_name = "N", conflicts_with = "shared")]
     permits: Option<u32>,
     /// Take a read lock of the read-write lock NAME instead of the lock:
@@ -113,7 +114,8 @@ enum Take {
 
 impl Take {
     /// Whether the guard's token is a fence for the resource: the lock's
-    /// and a leader's term are; a permit's or a reader's orders one slot.
+    /// and a leader's term are; a permit's or a reader's is held beside
+    /// others.
     fn exports_fence(&self) -> bool {
         matches!(self, Take::Lock | Take::Elect(_))
     }
@@ -363,8 +365,8 @@ async fn start_supervisor(guard: &LockGuard, args: &Common, take: &Take) -> Resu
             .args(&args.command)
             .env("DISTLOCK_NAME", &args.name)
             .process_group(0);
-        // A permit's or a reader's token is one slot's: not a fence for the
-        // resource, so none is exported then. A leader's is its term.
+        // A permit's or a reader's token is held beside others: not a fence
+        // for the resource, so none is exported then. A leader's is its term.
         match guard.fence().filter(|_| take.exports_fence()) {
             Some(f) => command.env("DISTLOCK_FENCE", f.to_string()),
             None => command.env_remove("DISTLOCK_FENCE"),
