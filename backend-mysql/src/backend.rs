@@ -128,6 +128,15 @@ impl MysqlBackend {
                     .map_err(|e| map_err(e, "creating the lock tables", &server))?;
             }
         }
+        // MariaDB and MySQL spell a shared lock without waiting differently.
+        let version = tokio::time::timeout(
+            cfg.request_timeout,
+            sqlx::query_scalar::<_, String>("SELECT VERSION()").fetch_one(&mut probe),
+        )
+        .await
+        .map_err(|_| timed_out("reading the server version", &server, cfg.request_timeout))?
+        .map_err(|e| map_err(e, "reading the server version", &server))?;
+        let mariadb = version.contains("MariaDB");
         let _ = probe.close().await;
         let aux = MySqlPoolOptions::new()
             .max_connections(cfg.aux_pool_size)
@@ -146,7 +155,7 @@ impl MysqlBackend {
             .acquire_timeout(cfg.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(60)))
             .connect_lazy_with(opts.clone());
-        let sql = Sql::new(&cfg.table, &cfg.fence_table());
+        let sql = Sql::new(&cfg.table, &cfg.fence_table(), mariadb);
         Ok(MysqlBackend {
             shared: Arc::new(Shared {
                 idle: Idle::new(cfg.pool_size),
@@ -164,6 +173,12 @@ impl MysqlBackend {
     pub fn config(&self) -> &MysqlConfig {
         &self.shared.cfg
     }
+}
+
+/// The row of read-write lock `name`: the name and a control character,
+/// which no lock name has, so it is never a lock's row.
+fn rw_row(name: &str) -> String {
+    format!("{name}\u{1}rw")
 }
 
 /// A pooled connection idle this long is pinged before use.
@@ -184,11 +199,14 @@ impl Backend for MysqlBackend {
         } else {
             Fencing::None
         };
-        Capabilities::new(fencing, LeaseKind::Connection).push_wakeup(true)
+        Capabilities::new(fencing, LeaseKind::Connection)
+            .push_wakeup(true)
+            .rw_layout(self.shared.cfg.rwlock)
     }
 
     /// On a connection of its own, a transaction that locks the name's row
-    /// (`NOWAIT` for a try, the server's lock wait otherwise), then the
+    /// (`NOWAIT` for a try, the server's lock wait otherwise; a read-write
+    /// lock's row shared for a reader), then the
     /// fencing counter advanced and committed on another connection, then a
     /// round trip proving the transaction outlived the increment.
     ///
@@ -208,8 +226,15 @@ impl Backend for MysqlBackend {
         // From here, dropping `h` (an error, or this future dropped) closes
         // the connection and KILLs its thread: nothing stays locked.
         let mut h = self.open_transaction(ttl, first_wait).await?;
+        // A read-write lock's row is its own, beside the lock's of the same
+        // name: readers lock it shared, writers for update.
+        let (row, shared) = match req.mode {
+            Mode::Read => (rw_row(req.name), true),
+            Mode::Write => (rw_row(req.name), false),
+            _ => (req.name.to_owned(), false),
+        };
         let Some(locked_at) = self
-            .wait_for_row(&mut h, req.name, req.deadline, first_wait)
+            .wait_for_row(&mut h, &row, req.deadline, first_wait, shared)
             .await?
         else {
             self.give_back(h).await?;
@@ -221,7 +246,7 @@ impl Backend for MysqlBackend {
             // own committed statement, so it never rolls back with a dead
             // holder.
             let fence = self
-                .next_fence(req.name, conn_id, req.owner.to_string())
+                .next_fence(&row, conn_id, req.owner.to_string())
                 .await?;
             // Prove the holding transaction outlived the increment: only
             // then is every later holder's increment after this one.
@@ -239,11 +264,11 @@ impl Backend for MysqlBackend {
             self.prove_alive(&mut h).await?;
             (None, sent)
         };
-        tracing::debug!(name = req.name, ?fence, conn_id, "row lock taken");
+        tracing::debug!(name = req.name, ?fence, conn_id, shared, "row lock taken");
         Ok(Some(Grant {
             lease: Box::new(MysqlLease {
                 shared: sh,
-                name: req.name.to_owned(),
+                name: row,
                 conn_id,
                 ttl_secs: AtomicU64::new(ttl),
                 lost: req.lost.clone(),

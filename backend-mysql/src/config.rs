@@ -8,6 +8,7 @@
 //! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence` |
 //! | `pool_size` | 32 | idle connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after), and as many for the fencing counter |
 //! | `aux_pool_size` | 8 | connections for the other short statements (cancelling a wait, `KILL`, reading the lock waits) |
+//! | `rwlock` | `share` | the layout of a read-write lock: `share` (readers `SELECT ... LOCK IN SHARE MODE` the row that writers `SELECT ... FOR UPDATE`, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those. The two do not see each other: every client of a name must use the same |
 //! | `fencing` | `strict` | `none` skips the fencing counter: tokens are `None` ([`Fencing::None`](lockcore::Fencing::None)), and an acquisition makes two round trips fewer and commits nothing |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
@@ -61,6 +62,10 @@ pub struct MysqlConfig {
     /// the default: strict tokens) or skips it (`fencing=none`: no tokens,
     /// exclusion only, one durable commit and two round trips fewer).
     pub fencing: bool,
+    /// The layout of a read-write lock: shared and exclusive row locks
+    /// ([`Layout::Native`](lockcore::Layout::Native), the default) or built
+    /// from locks ([`Layout::Built`](lockcore::Layout::Built)).
+    pub rwlock: lockcore::Layout,
 }
 
 impl fmt::Display for MysqlConfig {
@@ -94,6 +99,7 @@ impl MysqlConfig {
             request_timeout: Duration::from_secs(5),
             ensure_schema: true,
             fencing: true,
+            rwlock: lockcore::Layout::Native,
         }
     }
 
@@ -176,6 +182,13 @@ impl MysqlConfig {
                 }
             };
         }
+        if let Some(v) = o.string("rwlock") {
+            cfg.rwlock = match v.as_str() {
+                "share" => lockcore::Layout::Native,
+                "built" => lockcore::Layout::Built,
+                _ => return Err(bad(format!("option rwlock={v:?}: expected share or built"))),
+            };
+        }
         for key in ["ssl-mode", "sslmode", "ssl_mode"] {
             if let Some(v) = o.string(key) {
                 if !v.eq_ignore_ascii_case("disabled") {
@@ -235,6 +248,11 @@ mod tests {
                 .unwrap()
                 .fencing
         );
+        assert_eq!(c.rwlock, lockcore::Layout::Native);
+        assert_eq!(
+            MysqlConfig::parse("mysql://h?rwlock=built").unwrap().rwlock,
+            lockcore::Layout::Built
+        );
         assert!(!format!("{c:?}").contains("p@ss"));
         assert!(!c.to_string().contains("p@ss"));
         let c = MysqlConfig::parse("mysql://db.example").unwrap();
@@ -250,6 +268,7 @@ mod tests {
             ("mysql://h/a/b", "one path segment"),
             ("mysql://h?bogus=1", "unknown option \"bogus\""),
             ("mysql://h?fencing=weak", "option fencing=\"weak\""),
+            ("mysql://h?rwlock=curator", "option rwlock=\"curator\""),
             ("mysql://h?table=x;drop", "option table"),
             ("mysql://h?pool_size=0", "pool_size"),
             ("mysql://:secret@h:1?connect_timeout_ms=x", "milliseconds"),

@@ -80,7 +80,11 @@ impl MysqlBackend {
         let sh = self.shared.clone();
         self.begin(probe, 60, 3).await?;
         let probe_id = probe.id.unwrap_or_default();
-        if self.lock_row(probe, name, Deadline::Now).await?.is_some() {
+        if self
+            .lock_row(probe, name, Deadline::Now, false)
+            .await?
+            .is_some()
+        {
             // Free (or no such row): nobody holds it.
             return Ok(None);
         }

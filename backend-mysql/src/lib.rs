@@ -22,6 +22,22 @@
 //! is promised). The transaction stays open while the lock is held; release
 //! is an explicit `ROLLBACK` and returns the connection to the pool.
 //!
+//! **Read-write locks** ([`lockcore::RwLock`], [`lockcore::Layout::Native`])
+//! lock a row of their own, `N` followed by `\x01rw` (no lock name has a
+//! control character, so it is never a lock's row): a reader with `SELECT
+//! ... LOCK IN SHARE MODE` (`NOWAIT` for a try, spelt `FOR SHARE NOWAIT`
+//! on MySQL), a writer with `FOR UPDATE`, as above. Readers share the row
+//! and a writer excludes them, as the server's own lock table says, so a
+//! plain SQL session that locks the row shared or for update is a reader
+//! or a writer. The server queues a reader behind a waiting writer, so a
+//! stream of readers does not starve a writer (up to the 30 s server waits
+//! of waiting forever, between which a reader may pass). Every reader and
+//! writer advances the row's fencing counter: a writer's token rises
+//! strictly, and a reader's sits between the writers' before and after it.
+//! No reader limit. `?rwlock=built` lays read-write locks out from locks
+//! instead, as on Redis and etcd (for a `migrate:` from one of those; every
+//! client of a name must use the same layout).
+//!
 //! **The lease is the connection.** The holding session's `wait_timeout` is
 //! the ttl (whole seconds, rounded up), so the server itself ends a stalled
 //! holder's session, and its transaction, after a ttl without a statement.

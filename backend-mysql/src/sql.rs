@@ -41,17 +41,33 @@ pub(crate) mod waits {
 pub(crate) struct Sql {
     pub(crate) lock_nowait: Arc<str>,
     pub(crate) lock_wait: Arc<str>,
+    /// A reader's shared lock on the row, without waiting.
+    pub(crate) share_nowait: Arc<str>,
+    /// A reader's shared lock on the row, waiting.
+    pub(crate) share_wait: Arc<str>,
     pub(crate) insert_row: Arc<str>,
     pub(crate) fence: Arc<str>,
     pub(crate) holder: Arc<str>,
 }
 
 impl Sql {
-    pub(crate) fn new(table: &str, fence: &str) -> Self {
+    /// The statements for `table` and `fence` on a MariaDB server
+    /// (`mariadb`) or a MySQL one, which spell a shared lock without
+    /// waiting differently.
+    pub(crate) fn new(table: &str, fence: &str, mariadb: bool) -> Self {
+        let share_nowait = if mariadb {
+            "LOCK IN SHARE MODE NOWAIT"
+        } else {
+            "FOR SHARE NOWAIT"
+        };
         Sql {
             lock_nowait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? FOR UPDATE NOWAIT")
                 .into(),
             lock_wait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? FOR UPDATE").into(),
+            share_nowait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? {share_nowait}")
+                .into(),
+            share_wait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? LOCK IN SHARE MODE")
+                .into(),
             insert_row: format!(
                 "INSERT INTO `{table}` (`name`) SELECT ? FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM `{table}` WHERE `name` = ?)"
             )

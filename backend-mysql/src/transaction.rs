@@ -48,6 +48,7 @@ impl MysqlBackend {
         name: &str,
         deadline: Deadline,
         first_wait: u64,
+        shared: bool,
     ) -> Result<Option<Instant>> {
         let mut wait_set = first_wait;
         let mut created = false;
@@ -69,7 +70,7 @@ impl MysqlBackend {
                 }
             }
             let sent = Instant::now();
-            match self.lock_row(h, name, deadline).await? {
+            match self.lock_row(h, name, deadline, shared).await? {
                 Some(true) => return Ok(Some(sent)),
                 Some(false) if !created => {
                     self.create_row(h, name).await?;
@@ -178,6 +179,7 @@ impl MysqlBackend {
         h: &mut Holding,
         name: &str,
         deadline: Deadline,
+        shared: bool,
     ) -> Result<Option<bool>> {
         let sh = self.shared.clone();
         let what = "locking the row";
@@ -187,14 +189,19 @@ impl MysqlBackend {
                 Some(code::LOCK_WAIT_TIMEOUT | code::LOCK_NOWAIT | code::QUERY_INTERRUPTED)
             )
         };
+        let (nowait, wait) = if shared {
+            (&sh.sql.share_nowait, &sh.sql.share_wait)
+        } else {
+            (&sh.sql.lock_nowait, &sh.sql.lock_wait)
+        };
         let (sql, client_limit, cut_at) = match deadline {
-            Deadline::Now => (sh.sql.lock_nowait.clone(), sh.cfg.request_timeout, None),
+            Deadline::Now => (nowait.clone(), sh.cfg.request_timeout, None),
             Deadline::At(t) => {
                 let secs = t.saturating_duration_since(Instant::now()).as_secs();
                 if secs >= 1 {
                     // The server's own lock wait for the whole seconds.
                     (
-                        sh.sql.lock_wait.clone(),
+                        wait.clone(),
                         Duration::from_secs(secs) + sh.cfg.request_timeout,
                         None,
                     )
@@ -202,14 +209,14 @@ impl MysqlBackend {
                     // The sub-second rest: wait up to 1 s on the server and
                     // cut the wait at the deadline with KILL QUERY.
                     (
-                        sh.sql.lock_wait.clone(),
+                        wait.clone(),
                         Duration::from_secs(1) + sh.cfg.request_timeout,
                         Some(t),
                     )
                 }
             }
             Deadline::Never => (
-                sh.sql.lock_wait.clone(),
+                wait.clone(),
                 Duration::from_secs(FOREVER_CHUNK_SECS) + sh.cfg.request_timeout,
                 None,
             ),

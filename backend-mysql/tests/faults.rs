@@ -132,6 +132,58 @@ async fn names_are_byte_exact(ctx: Ctx) {
     assert_eq!(rows, 4, "one row per distinct name");
 }
 
+/// A read-write lock's row, locked from plain SQL on the server: a
+/// session holding it `LOCK IN SHARE MODE` reads beside our readers and
+/// keeps our writer out; one holding it `FOR UPDATE` keeps our readers out.
+/// The row is the name and `\x01rw`, beside the lock's own row.
+async fn share_and_update_locks_from_sql_are_readers_and_writers(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("rw-sql");
+    let rw = lockcore::RwLock::new(&l, &name).expect("rwlock");
+    let row = format!("{name}\u{1}rw");
+    // The row exists once our writer has taken the lock.
+    let w = rw.try_write().await.expect("try").expect("free");
+    w.release().await.expect("release");
+    for (clause, reads_beside) in [("LOCK IN SHARE MODE", true), ("FOR UPDATE", false)] {
+        let mut sql = admin(&ctx).await;
+        sqlx::raw_sql("START TRANSACTION")
+            .execute(&mut sql)
+            .await
+            .expect("begin");
+        let locked = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM lockcore_locks WHERE name = ? {clause}"
+        )))
+        .bind(row.as_bytes())
+        .fetch_optional(&mut sql)
+        .await
+        .expect("lock the row");
+        assert!(locked.is_some(), "no row {row:?}");
+        let r = rw.try_read().await.expect("try_read");
+        assert_eq!(
+            r.is_some(),
+            reads_beside,
+            "our reader beside SQL's {clause}"
+        );
+        if let Some(r) = r {
+            r.release().await.expect("release");
+        }
+        assert!(
+            rw.try_write().await.expect("try_write").is_none(),
+            "our writer beside SQL's {clause}"
+        );
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut sql)
+            .await
+            .expect("commit");
+        let w = rw
+            .try_write()
+            .await
+            .expect("try")
+            .expect("free once SQL committed");
+        w.release().await.expect("release");
+    }
+}
+
 /// With every pooled connection busy (held locks, waiters), the client
 /// still takes a free name at once and waits on a held one: a lock that
 /// finds no idle pooled connection opens one of its own. The server shows
@@ -567,6 +619,10 @@ fn main() -> std::process::ExitCode {
         .case("kill_holder_connection", |ctx| {
             Box::pin(kill_holder_connection(ctx))
         })
+        .case(
+            "share_and_update_locks_from_sql_are_readers_and_writers",
+            |ctx| Box::pin(share_and_update_locks_from_sql_are_readers_and_writers(ctx)),
+        )
         .case("names_are_byte_exact", |ctx| {
             Box::pin(names_are_byte_exact(ctx))
         })

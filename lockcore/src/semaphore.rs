@@ -3,7 +3,7 @@
 //! fencing token.
 //!
 //! **Layout.** A backend with a semaphore layout of its own
-//! ([`Layout::Native`](crate::Layout::Native)) takes `S` itself as one of
+//! ([`Layout::Native`]) takes `S` itself as one of
 //! its `permits` holders ([`Mode::Permit`]): on ZooKeeper that is Curator's
 //! `InterProcessSemaphoreV2`, where a waiter queues once, in arrival order,
 //! and a permit's token rises across every permit of the semaphore. There
