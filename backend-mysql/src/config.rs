@@ -8,7 +8,7 @@
 //! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence` |
 //! | `pool_size` | 32 | idle connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after), and as many for the fencing counter |
 //! | `aux_pool_size` | 8 | connections for the other short statements (cancelling a wait, `KILL`, reading the lock waits) |
-//! | `rwlock` | `share` | the layout of a read-write lock: `share` (readers `SELECT ... LOCK IN SHARE MODE` the row that writers `SELECT ... FOR UPDATE`, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those. The two do not see each other: every client of a name must use the same |
+//! | `rwlock` | `share` | the layout of a read-write lock: `share` (readers `SELECT ... LOCK IN SHARE MODE` the row that writers `SELECT ... FOR UPDATE`, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those. The two do not see each other: every client of a name must use the same, and a fleet changes layout only with the read-write lock's users stopped |
 //! | `fencing` | `strict` | `none` skips the fencing counter: tokens are `None` ([`Fencing::None`](lockcore::Fencing::None)), and an acquisition makes two round trips fewer and commits nothing |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |

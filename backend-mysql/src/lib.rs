@@ -36,7 +36,11 @@
 //! strictly, and a reader's sits between the writers' before and after it.
 //! No reader limit. `?rwlock=built` lays read-write locks out from locks
 //! instead, as on Redis and etcd (for a `migrate:` from one of those; every
-//! client of a name must use the same layout).
+//! client of a name must use the same layout, and a fleet changes layout
+//! only with the read-write lock's users stopped). The operator tools
+//! ([`MysqlBackend::kill_holder`], [`MysqlBackend::holder_connection`])
+//! are for locks: a read-write lock's row records only its latest reader
+//! or writer.
 //!
 //! **The lease is the connection.** The holding session's `wait_timeout` is
 //! the ttl (whole seconds, rounded up), so the server itself ends a stalled

@@ -86,7 +86,25 @@ impl MysqlBackend {
                     ))
                 }
                 None if matches!(deadline, Deadline::Now) => return Ok(None),
-                None => {} // the lock wait ran out: go on waiting
+                None => {
+                    // The lock wait ran out: go on waiting, in a transaction
+                    // begun again. A server with innodb_rollback_on_timeout
+                    // rolled the whole transaction back, leaving the session
+                    // in autocommit, where the next locking read would
+                    // return the row and hold nothing.
+                    self.exec_raw(
+                        h,
+                        "ROLLBACK".to_owned(),
+                        "rolling back a timed-out wait",
+                    )
+                    .await?;
+                    self.exec_raw(
+                        h,
+                        "START TRANSACTION".to_owned(),
+                        "starting the lock transaction",
+                    )
+                    .await?;
+                }
             }
         }
     }

@@ -6,7 +6,9 @@
 //! ([`Mode::Read`], [`Mode::Write`]): on ZooKeeper that is Curator's
 //! `InterProcessReadWriteLock`, one queue of reader and writer nodes where
 //! a reader waits only for the writers queued before it, so it is writers
-//! first and served in arrival order, with no reader limit.
+//! first and served in arrival order, with no reader limit; on MySQL,
+//! readers lock a row of the lock's own shared and writers for update,
+//! and the server queues readers behind a waiting writer.
 //!
 //! On the others, read-write lock `L` is made of the lock `L/write` (the
 //! writers' gate) and a [`Semaphore`] of reader slots named
@@ -114,7 +116,7 @@ impl RwLock {
             _ => {
                 return Err(Error::invalid_config(
                     backend,
-                    "the two backends of this migration lay a read-write lock out differently (one builds it from locks, the other has its own layout), so a client of both could not exclude the plain clients of either: lay it out from locks on every client of the name (ZooKeeper's URL option rwlock=built, kept for good), or stop the read-write lock's users while the migration runs",
+                    "the two backends of this migration lay a read-write lock out differently (one builds it from locks, the other has its own layout), so a client of both could not exclude the plain clients of either: lay it out from locks on every client of the name (the URL option rwlock=built of ZooKeeper and MySQL, kept for good), or stop the read-write lock's users while the migration runs",
                 )
                 .with_name(name))
             }
