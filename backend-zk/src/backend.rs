@@ -385,7 +385,15 @@ impl ZkBackend {
             "delete the lease node of a dropped permit acquisition",
             delete_ours(session.clone(), leases.clone(), prefix.clone()),
         );
-        let creating = create_node(session, &self.acls, &leases, &prefix, req.owner, None);
+        let data = recipe::lease_data(permits);
+        let creating = create_node(
+            session,
+            &self.acls,
+            &leases,
+            &prefix,
+            req.owner,
+            Some(&data),
+        );
         let (node, czxid) = within(
             NAME,
             format!("creating a lease node under {leases}"),
@@ -395,6 +403,7 @@ impl ZkBackend {
         )
         .await?;
         let path = format!("{leases}/{node}");
+        let mut unchecked = true;
         loop {
             let sent = Instant::now();
             let listed = session
@@ -437,6 +446,27 @@ impl ZkBackend {
                     valid_until: session.valid_until(sent, req.ttl),
                 }));
             }
+            // Full by our count: a client of ours counting otherwise is an
+            // error, not a wait (looked at once per acquisition).
+            let mismatch = if std::mem::take(&mut unchecked) {
+                self.other_count(session, &leases, &children, &prefix, permits)
+                    .await?
+            } else {
+                None
+            };
+            if let Some(other) = mismatch {
+                cleanup.run_now().await;
+                if let Some(mutex) = mutex {
+                    mutex.cleanup.run_now().await;
+                }
+                return Err(Error::invalid_config(
+                    NAME,
+                    format!(
+                        "semaphore {:?} is in use by a client that counts {other} permits, and this one counts {permits}: every client of a semaphore must count the same",
+                        req.name
+                    ),
+                ));
+            }
             if req.deadline.passed(Instant::now()) {
                 cleanup.run_now().await;
                 if let Some(mutex) = mutex {
@@ -460,6 +490,34 @@ impl ZkBackend {
                 }
             }
         }
+    }
+}
+
+impl ZkBackend {
+    /// The count of permits another client of ours admits by, among the
+    /// holders of `leases`, where it differs from `permits` (Curator's
+    /// nodes say none, and are taken to agree).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn other_count(
+        &self,
+        session: &Session,
+        leases: &str,
+        children: &[String],
+        prefix: &str,
+        permits: u32,
+    ) -> Result<Option<u32>> {
+        for c in children.iter().filter(|c| !c.starts_with(prefix)) {
+            let Some((data, _)) = data_of(session, &format!("{leases}/{c}")).await? else {
+                continue;
+            };
+            if let Some(n) = recipe::permits_of(&data).filter(|n| *n != permits) {
+                return Ok(Some(n));
+            }
+        }
+        Ok(None)
     }
 }
 

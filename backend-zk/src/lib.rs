@@ -58,8 +58,12 @@
 //! permit. So `new InterProcessSemaphoreV2(client, "<prefix>/<segment>",
 //! N)` shares the N permits with ours (checked with real Curator clients),
 //! waiters are served in arrival order, and a waiter queues once whatever
-//! N is. As in Curator, clients that disagree on N are not detected: the
-//! one holding the mutex admits by its own N.
+//! N is. Our lease nodes hold the count their client admits by
+//! (`lockcore permits=N`): a client that finds the semaphore full by its
+//! count while a client of ours counting otherwise holds a permit gets
+//! `InvalidConfig`, not a wait. Curator's nodes say no count and are
+//! taken to agree; a client counting more than the holders is not told
+//! (it admits by its own N, as in Curator).
 //!
 //! The URL options `rwlock=built` and `semaphore=built` lay read-write
 //! locks and semaphores out from locks instead, as on the other backends,

@@ -113,6 +113,25 @@ pub(crate) fn lease_prefix(owner: OwnerToken) -> String {
     format!("_c_{}-lease-", uuid_of(owner))
 }
 
+/// What our lease node holds: the count of permits this client admits by,
+/// so that a client counting differently can tell.
+pub(crate) fn lease_data(permits: u32) -> String {
+    format!("{PERMITS_DATA}{permits}")
+}
+
+/// The count a lease node's data says its client admits by, where it is
+/// one of ours (Curator writes its host address, or what it was given).
+pub(crate) fn permits_of(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data)
+        .ok()?
+        .strip_prefix(PERMITS_DATA)?
+        .parse()
+        .ok()
+}
+
+/// How our lease node's data starts.
+const PERMITS_DATA: &str = "lockcore permits=";
+
 /// The sequence number of a contender node and its kind, or `None` when
 /// `child` is not a contender. ZooKeeper writes the sequence as `%010d`: 10
 /// digits, or once the parent's counter passed `i32::MAX`, `-` and 9 or 10.
@@ -265,6 +284,19 @@ mod tests {
         let seqs: Vec<i64> = c.iter().map(|c| c.seq).collect();
         assert_eq!(seqs, [1, 2, 3]);
         assert_eq!(c[0].name, "ffff__lock__0000000001");
+    }
+
+    #[test]
+    fn lease_data_says_the_count() {
+        assert_eq!(permits_of(lease_data(7).as_bytes()), Some(7));
+        for not in [
+            &b"10.0.0.7"[..],
+            b"lockcore permits=",
+            b"lockcore permits=x",
+            b"\xff",
+        ] {
+            assert_eq!(permits_of(not), None);
+        }
     }
 
     #[test]

@@ -33,8 +33,11 @@
 //! **Mismatched counts.** Clients that disagree on `permits` for one name
 //! never hold more than the largest count together: in the built layout
 //! they share the slots they have in common; in Curator's, each admits by
-//! its own count. The count is not stored on the server, so a mismatch is
-//! not detected.
+//! its own count. The built layout keeps no count on the server, so there a
+//! mismatch is not detected. On ZooKeeper each permit's node holds its
+//! client's count, and a client that finds the semaphore full by its own
+//! count while a client counting otherwise holds gets
+//! [`ErrorKind::InvalidConfig`] instead of a wait.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

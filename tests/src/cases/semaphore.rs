@@ -207,3 +207,36 @@ pub async fn semaphore_concurrent_tries_share(ctx: Ctx) {
         }
     }
 }
+
+/// In a native layout, a client that finds the semaphore full by its own
+/// count, held by clients that count more, is told so: an error, not a
+/// refusal or a wait.
+pub async fn semaphore_mismatched_counts_are_an_error(ctx: Ctx) {
+    let name = ctx.name("sem-mismatch");
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let two = sem(&a, &name, 2);
+    let held = [
+        two.try_acquire().await.unwrap().expect("permit"),
+        two.try_acquire().await.unwrap().expect("permit"),
+    ];
+    let one = sem(&b, &name, 1);
+    let e = one.try_acquire().await.expect_err("a mismatched count");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("count"), "{e}");
+    let e = one
+        .acquire_timeout(Duration::from_secs(5))
+        .await
+        .expect_err("a mismatched count");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    for p in held {
+        p.release().await.unwrap();
+    }
+    // Nothing of the refused client stays: the count of 2 is whole.
+    let again = [
+        two.try_acquire().await.unwrap().expect("permit"),
+        two.try_acquire().await.unwrap().expect("permit"),
+    ];
+    for p in again {
+        p.release().await.unwrap();
+    }
+}
