@@ -20,6 +20,10 @@ use zookeeper_client as zk;
 use crate::config::{ZkConfig, NAME};
 use crate::error::{is_connection_error, map_err};
 
+/// How often [`Session::expire_on_server`] sends a closing twin before it
+/// gives up: the session's own handle may take the session back each time.
+const EXPIRE_TRIES: usize = 8;
+
 /// How long a request that failed on its connection waits, at most, for
 /// the client's state to move before it is retried.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -190,7 +194,7 @@ impl Session {
         // handshake is answered: try again, a few times, until one twin
         // gets through or the session is seen to have ended.
         let mut last = None;
-        for _ in 0..4 {
+        for _ in 0..EXPIRE_TRIES {
             if self.is_dead() {
                 return Ok(());
             }

@@ -547,8 +547,13 @@ async fn session_expiry_under_holder_and_waiter(ctx: Ctx) {
     let w = {
         let (waiter, n, opts) = (waiter.clone(), name.clone(), opts);
         tokio::spawn(async move {
+            // Long enough that expiring its session (a few tries, each up
+            // to a connect timeout and a session timeout) ends within it.
             waiter
-                .acquire(&n, &opts.wait(lockcore::Wait::For(Duration::from_secs(30))))
+                .acquire(
+                    &n,
+                    &opts.wait(lockcore::Wait::For(Duration::from_secs(120))),
+                )
                 .await
         })
     };
