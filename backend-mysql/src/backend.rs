@@ -17,6 +17,7 @@ use crate::error::{code, db_number, map_err, timed_out};
 
 use crate::idle::Idle;
 use crate::lease::MysqlLease;
+use crate::slots::counter_row;
 use crate::sql::{schema_sql, Sql, FOREVER_CHUNK_SECS};
 
 /// What the backend and its leases share.
@@ -202,6 +203,7 @@ impl Backend for MysqlBackend {
         Capabilities::new(fencing, LeaseKind::Connection)
             .push_wakeup(true)
             .rw_layout(self.shared.cfg.rwlock)
+            .semaphore_layout(self.shared.cfg.semaphore)
     }
 
     /// On a connection of its own, a transaction that locks the name's row
@@ -218,7 +220,10 @@ impl Backend for MysqlBackend {
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
         let sh = self.shared.clone();
         let ttl = whole_seconds(req.ttl);
+        let permit = matches!(req.mode, Mode::Permit { .. });
         let first_wait = match req.deadline {
+            // A permit's waits are on one slot at a time, briefly.
+            _ if permit => 1,
             Deadline::Now => 1,
             Deadline::At(t) => t.saturating_duration_since(Instant::now()).as_secs().max(1),
             Deadline::Never => FOREVER_CHUNK_SECS,
@@ -227,16 +232,28 @@ impl Backend for MysqlBackend {
         // the connection and KILLs its thread: nothing stays locked.
         let mut h = self.open_transaction(ttl, first_wait).await?;
         // A read-write lock's row is its own, beside the lock's of the same
-        // name: readers lock it shared, writers for update.
-        let (row, shared) = match req.mode {
-            Mode::Read => (rw_row(req.name), true),
-            Mode::Write => (rw_row(req.name), false),
-            _ => (req.name.to_owned(), false),
+        // name: readers lock it shared, writers for update. A permit is one
+        // of the semaphore's slot rows, its counter one for all of them.
+        let taken = match req.mode {
+            Mode::Permit { permits } => {
+                let taken = self
+                    .take_slot(&mut h, req.name, permits, req.deadline)
+                    .await?;
+                taken.map(|(row, at)| (row, counter_row(req.name), at))
+            }
+            mode => {
+                let (row, shared) = match mode {
+                    Mode::Read => (rw_row(req.name), true),
+                    Mode::Write => (rw_row(req.name), false),
+                    _ => (req.name.to_owned(), false),
+                };
+                let at = self
+                    .wait_for_row(&mut h, &row, req.deadline, first_wait, shared)
+                    .await?;
+                at.map(|at| (row.clone(), row, at))
+            }
         };
-        let Some(locked_at) = self
-            .wait_for_row(&mut h, &row, req.deadline, first_wait, shared)
-            .await?
-        else {
+        let Some((row, counter, locked_at)) = taken else {
             self.give_back(h).await?;
             return Ok(None);
         };
@@ -246,7 +263,7 @@ impl Backend for MysqlBackend {
             // own committed statement, so it never rolls back with a dead
             // holder.
             let fence = self
-                .next_fence(&row, conn_id, req.owner.to_string())
+                .next_fence(&counter, conn_id, req.owner.to_string())
                 .await?;
             // Prove the holding transaction outlived the increment: only
             // then is every later holder's increment after this one.
@@ -264,7 +281,7 @@ impl Backend for MysqlBackend {
             self.prove_alive(&mut h).await?;
             (None, sent)
         };
-        tracing::debug!(name = req.name, ?fence, conn_id, shared, "row lock taken");
+        tracing::debug!(name = req.name, row, ?fence, conn_id, "row lock taken");
         Ok(Some(Grant {
             lease: Box::new(MysqlLease {
                 shared: sh,

@@ -9,6 +9,7 @@
 //! | `pool_size` | 32 | idle connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after), and as many for the fencing counter |
 //! | `aux_pool_size` | 8 | connections for the other short statements (cancelling a wait, `KILL`, reading the lock waits) |
 //! | `rwlock` | `share` | the layout of a read-write lock: `share` (readers `SELECT ... LOCK IN SHARE MODE` the row that writers `SELECT ... FOR UPDATE`, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those. The two do not see each other: every client of a name must use the same, and a fleet changes layout only with the read-write lock's users stopped |
+//! | `semaphore` | `rows` | the layout of a semaphore: `rows` (permit `i` locks row `NAME\x01sem\x01<i>` `FOR UPDATE`, a free one found by `SKIP LOCKED`, MariaDB 10.6 or MySQL 8.0 and later, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those or an older server. As for `rwlock`, every client of a name must use the same |
 //! | `fencing` | `strict` | `none` skips the fencing counter: tokens are `None` ([`Fencing::None`](lockcore::Fencing::None)), and an acquisition makes two round trips fewer and commits nothing |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
@@ -66,6 +67,10 @@ pub struct MysqlConfig {
     /// ([`Layout::Native`](lockcore::Layout::Native), the default) or built
     /// from locks ([`Layout::Built`](lockcore::Layout::Built)).
     pub rwlock: lockcore::Layout,
+    /// The layout of a semaphore: slot rows found with `SKIP LOCKED`
+    /// ([`Layout::Native`](lockcore::Layout::Native), the default) or built
+    /// from locks ([`Layout::Built`](lockcore::Layout::Built)).
+    pub semaphore: lockcore::Layout,
 }
 
 impl fmt::Display for MysqlConfig {
@@ -100,6 +105,7 @@ impl MysqlConfig {
             ensure_schema: true,
             fencing: true,
             rwlock: lockcore::Layout::Native,
+            semaphore: lockcore::Layout::Native,
         }
     }
 
@@ -189,6 +195,17 @@ impl MysqlConfig {
                 _ => return Err(bad(format!("option rwlock={v:?}: expected share or built"))),
             };
         }
+        if let Some(v) = o.string("semaphore") {
+            cfg.semaphore = match v.as_str() {
+                "rows" => lockcore::Layout::Native,
+                "built" => lockcore::Layout::Built,
+                _ => {
+                    return Err(bad(format!(
+                        "option semaphore={v:?}: expected rows or built"
+                    )))
+                }
+            };
+        }
         for key in ["ssl-mode", "sslmode", "ssl_mode"] {
             if let Some(v) = o.string(key) {
                 if !v.eq_ignore_ascii_case("disabled") {
@@ -253,6 +270,13 @@ mod tests {
             MysqlConfig::parse("mysql://h?rwlock=built").unwrap().rwlock,
             lockcore::Layout::Built
         );
+        assert_eq!(c.semaphore, lockcore::Layout::Native);
+        assert_eq!(
+            MysqlConfig::parse("mysql://h?semaphore=built")
+                .unwrap()
+                .semaphore,
+            lockcore::Layout::Built
+        );
         assert!(!format!("{c:?}").contains("p@ss"));
         assert!(!c.to_string().contains("p@ss"));
         let c = MysqlConfig::parse("mysql://db.example").unwrap();
@@ -269,6 +293,7 @@ mod tests {
             ("mysql://h?bogus=1", "unknown option \"bogus\""),
             ("mysql://h?fencing=weak", "option fencing=\"weak\""),
             ("mysql://h?rwlock=curator", "option rwlock=\"curator\""),
+            ("mysql://h?semaphore=curator", "option semaphore=\"curator\""),
             ("mysql://h?table=x;drop", "option table"),
             ("mysql://h?pool_size=0", "pool_size"),
             ("mysql://:secret@h:1?connect_timeout_ms=x", "milliseconds"),

@@ -32,6 +32,8 @@ pub(crate) mod code {
     pub(crate) const SERVER_SHUTDOWN: u16 = 1053;
     /// `ER_CON_COUNT_ERROR`: too many connections.
     pub(crate) const TOO_MANY_CONNECTIONS: u16 = 1040;
+    /// `ER_PARSE_ERROR`: a statement the server does not know.
+    pub(crate) const PARSE_ERROR: u16 = 1064;
     /// `ER_NO_SUCH_THREAD`: `KILL` of a session that is already gone.
     pub(crate) const NO_SUCH_THREAD: u16 = 1094;
 }

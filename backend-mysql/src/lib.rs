@@ -42,6 +42,30 @@
 //! are for locks: a read-write lock's row records only its latest reader
 //! or writer.
 //!
+//! **Semaphores** ([`lockcore::Semaphore`], [`lockcore::Layout::Native`])
+//! of `K` permits lock one of `K` slot rows, `N\x01sem\x01<i>` for `i`
+//! from `0000` below `K`, created together on first use. A permit is one
+//! `SELECT ... FOR UPDATE SKIP LOCKED` over the slot rows, which locks the
+//! first free one: a try is one statement whatever the others hold, and
+//! clients trying at the same moment each get a different slot. With every
+//! slot held, a waiter waits on one slot at random for a second (the
+//! server's shortest lock wait), then looks at them all again: a permit
+//! freed on another slot is found within about a second, and a waiter uses
+//! one connection (the built layout waits on every slot at once, with a
+//! connection each). A plain SQL session that locks a slot row `FOR
+//! UPDATE` holds that permit. Every permit advances one fencing counter,
+//! `N\x01sem`, so tokens rise across all the semaphore's permits. **Counts
+//! that disagree**: a client that finds its own `K` slots held while a
+//! slot beyond them is held too (a client counting more) gets
+//! [`lockcore::ErrorKind::InvalidConfig`]; to tell a held slot from a free
+//! one it locks the free ones beyond its count for a moment. A client
+//! counting more than the holders is not told: it admits by its own count,
+//! and the permits held stay at most the largest count. Needs `SKIP
+//! LOCKED` (MariaDB 10.6, MySQL 8.0); an older server gets an
+//! `InvalidConfig` error naming `?semaphore=built`, which lays semaphores
+//! out from locks instead (also for a `migrate:` from Redis or etcd; every
+//! client of a name must use the same layout).
+//!
 //! **The lease is the connection.** The holding session's `wait_timeout` is
 //! the ttl (whole seconds, rounded up), so the server itself ends a stalled
 //! holder's session, and its transaction, after a ttl without a statement.
@@ -116,6 +140,7 @@ mod holder;
 mod holding;
 mod idle;
 mod lease;
+mod slots;
 mod sql;
 mod transaction;
 

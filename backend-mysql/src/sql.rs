@@ -45,6 +45,14 @@ pub(crate) struct Sql {
     pub(crate) share_nowait: Arc<str>,
     /// A reader's shared lock on the row, waiting.
     pub(crate) share_wait: Arc<str>,
+    /// The first free slot row in a range, locked (`SKIP LOCKED`).
+    pub(crate) slot_free: Arc<str>,
+    /// How many slot rows a range has up to a bound, and beyond it.
+    pub(crate) slot_counts: Arc<str>,
+    /// The slot rows in a range (locking nothing).
+    pub(crate) slots_beyond: Arc<str>,
+    /// The free slot rows in a range, locked (`SKIP LOCKED`).
+    pub(crate) slots_beyond_free: Arc<str>,
     pub(crate) insert_row: Arc<str>,
     pub(crate) fence: Arc<str>,
     pub(crate) holder: Arc<str>,
@@ -68,6 +76,20 @@ impl Sql {
                 .into(),
             share_wait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? LOCK IN SHARE MODE")
                 .into(),
+            slot_free: format!(
+                "SELECT `name` FROM `{table}` WHERE `name` >= ? AND `name` <= ? ORDER BY `name` LIMIT 1 FOR UPDATE SKIP LOCKED"
+            )
+            .into(),
+            slot_counts: format!(
+                "SELECT CAST(SUM(`name` <= ?) AS UNSIGNED), CAST(SUM(`name` > ?) AS UNSIGNED) FROM `{table}` WHERE `name` >= ? AND `name` < ?"
+            )
+            .into(),
+            slots_beyond: format!("SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ?")
+                .into(),
+            slots_beyond_free: format!(
+                "SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ? FOR UPDATE SKIP LOCKED"
+            )
+            .into(),
             insert_row: format!(
                 "INSERT INTO `{table}` (`name`) SELECT ? FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM `{table}` WHERE `name` = ?)"
             )

@@ -184,6 +184,50 @@ async fn share_and_update_locks_from_sql_are_readers_and_writers(ctx: Ctx) {
     }
 }
 
+/// A plain SQL session that locks a semaphore's slot rows `FOR UPDATE`
+/// holds those permits: with both slots of a 2-permit semaphore locked from
+/// SQL, our client gets none, and it gets one once SQL commits. A row beyond
+/// a client's count, held, makes its full semaphore a mismatch.
+async fn slot_rows_locked_from_sql_are_permits(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("sem-sql");
+    let sem = lockcore::Semaphore::new(&l, &name, 2).expect("semaphore");
+    // The slot rows exist once our client has taken a permit.
+    let p = sem.try_acquire().await.expect("try").expect("free");
+    p.release().await.expect("release");
+    let slot = |i: u32| format!("{name}\u{1}sem\u{1}{i:04}");
+    let mut sql = admin(&ctx).await;
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut sql)
+        .await
+        .expect("begin");
+    for i in 0..2 {
+        let locked = sqlx::query("SELECT 1 FROM lockcore_locks WHERE name = ? FOR UPDATE")
+            .bind(slot(i).as_bytes())
+            .fetch_optional(&mut sql)
+            .await
+            .expect("lock a slot row");
+        assert!(locked.is_some(), "no row {:?}", slot(i));
+    }
+    assert!(
+        sem.try_acquire().await.expect("try").is_none(),
+        "a permit beside SQL's two"
+    );
+    let one = lockcore::Semaphore::new(&l, &name, 1).expect("semaphore");
+    let e = one.try_acquire().await.expect_err("a mismatched count");
+    assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{e}");
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut sql)
+        .await
+        .expect("commit");
+    let p = sem
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free once SQL committed");
+    p.release().await.expect("release");
+}
+
 /// With every pooled connection busy (held locks, waiters), the client
 /// still takes a free name at once and waits on a held one: a lock that
 /// finds no idle pooled connection opens one of its own. The server shows
@@ -623,6 +667,9 @@ fn main() -> std::process::ExitCode {
             "share_and_update_locks_from_sql_are_readers_and_writers",
             |ctx| Box::pin(share_and_update_locks_from_sql_are_readers_and_writers(ctx)),
         )
+        .case("slot_rows_locked_from_sql_are_permits", |ctx| {
+            Box::pin(slot_rows_locked_from_sql_are_permits(ctx))
+        })
         .case("names_are_byte_exact", |ctx| {
             Box::pin(names_are_byte_exact(ctx))
         })

@@ -6,8 +6,10 @@
 //! ([`Layout::Native`]) takes `S` itself as one of
 //! its `permits` holders ([`Mode::Permit`]): on ZooKeeper that is Curator's
 //! `InterProcessSemaphoreV2`, where a waiter queues once, in arrival order,
-//! and a permit's token rises across every permit of the semaphore. There
-//! permits have no slot. A `migrate:` pair whose backends lay a semaphore
+//! and a permit's token rises across every permit of the semaphore; on
+//! MySQL, slot rows taken with `FOR UPDATE SKIP LOCKED`, one statement per
+//! try, with one fencing counter for every permit. There
+//! [`Permit::slot`] is `None`. A `migrate:` pair whose backends lay a semaphore
 //! out differently has none: [`Semaphore::new`] refuses it.
 //!
 //! On the others, permit `i` (from 0) of semaphore `S` is the lock named
@@ -24,8 +26,9 @@
 //! permit: the other waits are dropped, which the lock's cancel safety turns
 //! into nothing left on the server. A waiter therefore queues on each of the
 //! `permits` slots (a cost that grows with N; the backend's fairness holds
-//! per slot, not across the semaphore). On MySQL each of those waits holds
-//! a connection: a waiter on N permits uses N connections.
+//! per slot, not across the semaphore). On MySQL (`?semaphore=built`) each
+//! of those waits holds a connection: a waiter on N permits uses N
+//! connections.
 //!
 //! **Reentrancy.** None: every acquisition is a new owner, so one task (or
 //! one [`Locker`]) can hold several permits of a semaphore, each counted.
@@ -37,7 +40,9 @@
 //! mismatch is not detected. On ZooKeeper each permit's node holds its
 //! client's count, and a client that finds the semaphore full by its own
 //! count while a client counting otherwise holds gets
-//! [`ErrorKind::InvalidConfig`] instead of a wait.
+//! [`ErrorKind::InvalidConfig`] instead of a wait. On MySQL a client that
+//! finds its own slots full while a slot beyond them is held (a client
+//! counting more) gets the same error.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
