@@ -220,28 +220,27 @@ impl Backend for MysqlBackend {
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
         let sh = self.shared.clone();
         let ttl = whole_seconds(req.ttl);
-        let permit = matches!(req.mode, Mode::Permit { .. });
         let first_wait = match req.deadline {
-            // A permit's waits are on one slot at a time, briefly.
-            _ if permit => 1,
             Deadline::Now => 1,
             Deadline::At(t) => t.saturating_duration_since(Instant::now()).as_secs().max(1),
             Deadline::Never => FOREVER_CHUNK_SECS,
         };
         // From here, dropping `h` (an error, or this future dropped) closes
         // the connection and KILLs its thread: nothing stays locked.
-        let mut h = self.open_transaction(ttl, first_wait).await?;
+        let h = self.open_transaction(ttl, first_wait).await?;
         // A read-write lock's row is its own, beside the lock's of the same
         // name: readers lock it shared, writers for update. A permit is one
         // of the semaphore's slot rows, its counter one for all of them.
-        let taken = match req.mode {
+        let (mut h, taken) = match req.mode {
             Mode::Permit { permits } => {
-                let taken = self
-                    .take_slot(&mut h, req.name, permits, req.deadline)
+                let wait = (ttl, first_wait);
+                let (h, taken) = self
+                    .take_slot(h, req.name, permits, req.deadline, wait)
                     .await?;
-                taken.map(|(row, at)| (row, counter_row(req.name), at))
+                (h, taken.map(|(row, at)| (row, counter_row(req.name), at)))
             }
             mode => {
+                let mut h = h;
                 let (row, shared) = match mode {
                     Mode::Read => (rw_row(req.name), true),
                     Mode::Write => (rw_row(req.name), false),
@@ -250,7 +249,7 @@ impl Backend for MysqlBackend {
                 let at = self
                     .wait_for_row(&mut h, &row, req.deadline, first_wait, shared)
                     .await?;
-                at.map(|at| (row.clone(), row, at))
+                (h, at.map(|at| (row.clone(), row, at)))
             }
         };
         let Some((row, counter, locked_at)) = taken else {

@@ -48,11 +48,14 @@
 //! `SELECT ... FOR UPDATE SKIP LOCKED` over the slot rows, which locks the
 //! first free one: a try is one statement whatever the others hold, and
 //! clients trying at the same moment each get a different slot. With every
-//! slot held, a waiter waits on one slot at random for a second (the
-//! server's shortest lock wait), then looks at them all again: a permit
-//! freed on another slot is found within about a second, and a waiter uses
-//! one connection (the built layout waits on every slot at once, with a
-//! connection each). A plain SQL session that locks a slot row `FOR
+//! slot held, a waiter waits on every slot at once, each wait a `FOR
+//! UPDATE` on a connection of its own, and the first granted is its
+//! permit (the others are closed and their threads killed), as in the
+//! built layout. A semaphore of more than 8 permits is waited on 8 slots
+//! at a time, at random, for a second (the server's shortest lock wait),
+//! then every slot is looked at again: a waiter uses at most 8
+//! connections, and a permit freed on a slot it is not waiting on is found
+//! within about a second. A plain SQL session that locks a slot row `FOR
 //! UPDATE` holds that permit. Every permit advances one fencing counter,
 //! `N\x01sem`, so tokens rise across all the semaphore's permits. **Counts
 //! that disagree**: a client that finds its own `K` slots held while a

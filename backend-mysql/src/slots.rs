@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::backend::prelude::*;
-use rand::RngExt;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::backend::MysqlBackend;
@@ -31,42 +31,71 @@ fn slots_end(name: &str) -> String {
     format!("{name}\u{1}sem\u{2}")
 }
 
-/// How long a waiter waits on one slot before it looks at them all again:
-/// the server's shortest lock wait.
-const SLOT_WAIT: Duration = Duration::from_secs(1);
+/// How many slots a waiter waits on at once, each on a connection of its
+/// own: every slot of a semaphore of up to this many permits.
+const WAIT_WIDTH: u32 = 8;
+
+/// With more slots than [`WAIT_WIDTH`], how long a waiter waits on a few
+/// before it looks at them all again: the server's shortest lock wait
+/// (one second), and the client's bound on it.
+const CHUNK: Duration = Duration::from_millis(1500);
+
+/// How long the waits of one round last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Span {
+    /// Until the deadline.
+    Whole(Deadline),
+    /// One second, the server's shortest lock wait.
+    Chunk,
+}
 
 /// How many times the slot rows are created before the backend gives up
 /// (someone deleting them as fast).
 const CREATE_TRIES: u32 = 3;
 
 impl MysqlBackend {
-    /// Takes a free slot of semaphore `name` counting `permits` on `h`'s
-    /// transaction within `deadline`: the slot's row and when the locking
-    /// read that got it was sent, `None` when the deadline passed.
+    /// Takes a free slot of semaphore `name` counting `permits` within
+    /// `deadline`, starting on `h`'s transaction (`wait`: the ttl and the
+    /// lock wait its session was begun with): the connection holding it
+    /// (`h`, or one of the waits beside it), the slot's row, and when the
+    /// locking read that got it was sent. With no slot by the deadline, the
+    /// row is `None` and the connection is one to give back.
     ///
     /// All slots held: a client counting more holding a slot beyond ours is
-    /// an error (once per acquisition); otherwise the wait is on one slot
-    /// at random for [`SLOT_WAIT`], then a look at them all again.
+    /// an error (once per acquisition); otherwise the wait is on up to
+    /// [`WAIT_WIDTH`] slots at once, each on a connection of its own, and
+    /// the first granted is the permit. With more slots than that, the
+    /// waits are on a random few for one second, then every slot is
+    /// looked at again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: every connection it holds is a [`Holding`], which a
+    /// drop closes and `KILL`s.
     pub(crate) async fn take_slot(
         &self,
-        h: &mut Holding,
+        mut h: Holding,
         name: &str,
         permits: u32,
         deadline: Deadline,
-    ) -> Result<Option<(String, Instant)>> {
+        wait: (u64, u64),
+    ) -> Result<(Holding, Option<(String, Instant)>)> {
         let (first, last) = (slot_row(name, 0), slot_row(name, permits - 1));
         let mut creates = 0;
         // How many slot rows beyond ours there were, once our own were
         // all found; `checked` once those were looked at.
         let mut beyond = None;
         let mut checked = false;
+        // Connections of earlier waits, kept for the next.
+        let mut spares = Vec::new();
+        let mut chunked = false;
         loop {
             let sent = Instant::now();
-            if let Some(row) = self.free_slot(h, &first, &last).await? {
-                return Ok(Some((row, sent)));
+            if let Some(row) = self.free_slot(&mut h, &first, &last).await? {
+                return Ok((h, Some((row, sent))));
             }
             if beyond.is_none() {
-                let (ours, past) = self.count_slots(h, name, &first, &last).await?;
+                let (ours, past) = self.count_slots(&mut h, name, &first, &last).await?;
                 if ours < u64::from(permits) {
                     creates += 1;
                     if creates > CREATE_TRIES {
@@ -78,7 +107,7 @@ impl MysqlBackend {
                             ),
                         ));
                     }
-                    self.create_slots(h, name, permits).await?;
+                    self.create_slots(&mut h, name, permits).await?;
                     continue;
                 }
                 // All there: look again, since the first look may have
@@ -89,32 +118,127 @@ impl MysqlBackend {
             if !checked {
                 checked = true;
                 if beyond > Some(0) {
-                    self.check_beyond(h, name, &last, permits).await?;
+                    self.check_beyond(&mut h, name, &last, permits).await?;
                 }
             }
-            let until = match deadline {
-                Deadline::Now => return Ok(None),
-                Deadline::At(t) if t <= Instant::now() => return Ok(None),
-                Deadline::At(t) => t.min(Instant::now() + SLOT_WAIT + SLOT_WAIT / 2),
-                Deadline::Never => Instant::now() + SLOT_WAIT + SLOT_WAIT / 2,
+            // The whole wait at once on every slot (or at the end of a
+            // deadline); with more slots than a waiter waits on, a second on
+            // a random few, then every slot looked at again.
+            let span = match deadline {
+                Deadline::Now => return Ok((h, None)),
+                Deadline::At(t) if t <= Instant::now() => return Ok((h, None)),
+                Deadline::At(t) if t <= Instant::now() + CHUNK => Span::Whole(deadline),
+                _ if permits > WAIT_WIDTH => Span::Chunk,
+                _ => Span::Whole(deadline),
             };
-            let row = slot_row(name, rand::rng().random_range(0..permits));
-            let sent = Instant::now();
-            match self.lock_row(h, &row, Deadline::At(until), false).await? {
-                Some(true) => return Ok(Some((row, sent))),
-                // Deleted meanwhile: created again above.
-                Some(false) => beyond = None,
-                // The wait ran out: look at every slot again, in a
-                // transaction begun again (a server with
-                // innodb_rollback_on_timeout rolled it back).
-                None => {
+            if span == Span::Chunk && !chunked {
+                // Its session waits one second per chunk from now on, as do
+                // the connections opened beside it.
+                self.exec_raw(
+                    &mut h,
+                    "SET SESSION innodb_lock_wait_timeout = 1".to_owned(),
+                    "setting the lock wait",
+                )
+                .await?;
+                chunked = true;
+            }
+            spares.insert(0, h);
+            // The lock wait the sessions were left with.
+            let session = (wait.0, if chunked { 1 } else { wait.1 });
+            let got = self
+                .wait_slots(&mut spares, name, permits, span, session)
+                .await?;
+            if let Some((held, row, at)) = got {
+                // The other connections are closed, and their threads
+                // killed, as they go.
+                return Ok((held, Some((row, at))));
+            }
+            // Every wait ran out: they are back in `spares`, in
+            // transactions begun again; one looks at every slot.
+            h = spares
+                .pop()
+                .ok_or_else(|| Error::backend_error(NAME, "a semaphore waited on no slot"))?;
+        }
+    }
+
+    /// Waits on up to [`WAIT_WIDTH`] slots at once (all of them, or a
+    /// random few) for `span`, on the connections in `spares` and on new
+    /// ones beside them: the first slot granted, with its connection; the
+    /// other waits are dropped, which closes their connections and `KILL`s
+    /// their threads. With none granted, every connection is back in
+    /// `spares`.
+    async fn wait_slots(
+        &self,
+        spares: &mut Vec<Holding>,
+        name: &str,
+        permits: u32,
+        span: Span,
+        (ttl_secs, lock_wait_secs): (u64, u64),
+    ) -> Result<Option<(Holding, String, Instant)>> {
+        let picks: Vec<u32> = if permits <= WAIT_WIDTH {
+            (0..permits).collect()
+        } else {
+            rand::seq::index::sample(&mut rand::rng(), permits as usize, WAIT_WIDTH as usize)
+                .into_iter()
+                .filter_map(|i| u32::try_from(i).ok())
+                .collect()
+        };
+        let session_wait = match span {
+            Span::Chunk => 1,
+            Span::Whole(_) => lock_wait_secs,
+        };
+        let mut waits: FuturesUnordered<_> = picks
+            .into_iter()
+            .map(|i| {
+                let own = spares.pop();
+                async move {
+                    let mut h = match own {
+                        Some(h) => h,
+                        None => self.open_transaction(ttl_secs, session_wait).await?,
+                    };
+                    let row = slot_row(name, i);
+                    let got = match span {
+                        Span::Whole(d) => {
+                            self.wait_for_row(&mut h, &row, d, session_wait, false)
+                                .await?
+                        }
+                        Span::Chunk => self.wait_chunk(&mut h, &row).await?,
+                    };
+                    tracing::trace!(row, ?got, "waited on a slot");
+                    Ok::<_, Error>((h, row, got))
+                }
+            })
+            .collect();
+        while let Some(res) = waits.next().await {
+            let (h, row, got) = res?;
+            match got {
+                Some(at) => return Ok(Some((h, row, at))),
+                None => spares.push(h),
+            }
+        }
+        Ok(None)
+    }
+
+    /// One second's wait for slot row `row` (the session's lock wait): when
+    /// the locking read that got it was sent, or `None` with the
+    /// transaction begun again.
+    async fn wait_chunk(&self, h: &mut Holding, row: &str) -> Result<Option<Instant>> {
+        let sent = Instant::now();
+        match self.lock_row(h, row, Deadline::At(sent + CHUNK), false).await? {
+            Some(true) => Ok(Some(sent)),
+            got => {
+                // Run out (or the row deleted meanwhile, which the next look
+                // finds): a server with innodb_rollback_on_timeout rolled
+                // the transaction back.
+                if got.is_none() {
                     self.exec_raw(
                         h,
                         "ROLLBACK; START TRANSACTION".to_owned(),
                         "beginning the wait again",
                     )
-                    .await?
+                    .await?;
                 }
+                Ok(None)
             }
         }
     }

@@ -228,6 +228,66 @@ async fn slot_rows_locked_from_sql_are_permits(ctx: Ctx) {
     p.release().await.expect("release");
 }
 
+/// A semaphore with more slots than a waiter waits on at once: with every
+/// permit held, a waiter still gets the one permit freed, whichever it is,
+/// within a few seconds (it looks at every slot again each second), and
+/// the server then shows the semaphore full again.
+async fn wide_semaphore_waiter_gets_any_freed_permit(ctx: Ctx) {
+    const N: u32 = 12;
+    let (a, b, c) = (ctx.locker().await, ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("sem-wide");
+    let sa = lockcore::Semaphore::new(&a, &name, N).expect("semaphore");
+    let mut held = Vec::new();
+    for _ in 0..N {
+        held.push(sa.try_acquire().await.expect("try").expect("free"));
+    }
+    for round in 0..3 {
+        let sb = lockcore::Semaphore::new(&b, &name, N).expect("semaphore");
+        let waiter = tokio::spawn(async move {
+            let p = sb.acquire_timeout(Duration::from_secs(30)).await;
+            (p, Instant::now())
+        });
+        // The waiter is waiting on the server: 8 lock waits (as many slots
+        // as it waits on at once), one of which may be the freed one.
+        let mut sql = admin(&ctx).await;
+        let t = Instant::now();
+        loop {
+            let waits: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%FOR UPDATE'",
+            )
+            .fetch_one(&mut sql)
+            .await
+            .expect("lock waits");
+            if waits >= 8 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{waits} lock waits (waiter finished: {})",
+                waiter.is_finished()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A different permit each round: the first, the middle, the last.
+        let freed = held.remove([0, held.len() / 2, held.len() - 1][round]);
+        let released = Instant::now();
+        freed.release().await.expect("release");
+        let (p, got) = waiter.await.expect("waiter");
+        let p = p.expect("the freed permit");
+        let took = got.duration_since(released);
+        assert!(took < Duration::from_secs(5), "round {round}: {took:?}");
+        let sc = lockcore::Semaphore::new(&c, &name, N).expect("semaphore");
+        assert!(
+            sc.try_acquire().await.expect("try").is_none(),
+            "round {round}: a permit beyond {N}"
+        );
+        held.push(p);
+    }
+    for p in held {
+        p.release().await.expect("release");
+    }
+}
+
 /// With every pooled connection busy (held locks, waiters), the client
 /// still takes a free name at once and waits on a held one: a lock that
 /// finds no idle pooled connection opens one of its own. The server shows
@@ -669,6 +729,9 @@ fn main() -> std::process::ExitCode {
         )
         .case("slot_rows_locked_from_sql_are_permits", |ctx| {
             Box::pin(slot_rows_locked_from_sql_are_permits(ctx))
+        })
+        .case("wide_semaphore_waiter_gets_any_freed_permit", |ctx| {
+            Box::pin(wide_semaphore_waiter_gets_any_freed_permit(ctx))
         })
         .case("names_are_byte_exact", |ctx| {
             Box::pin(names_are_byte_exact(ctx))

@@ -144,6 +144,69 @@ pub async fn rw_handoffs(
     handoffs_of(vec![write, read], run).await
 }
 
+/// Permit hand-off latencies to a queued waiter on a full semaphore of
+/// `permits` on `name`: `permits - 1` permits are held through `holder` for
+/// the whole run, and two clients (`a` and `b`) take turns on the last one.
+/// In each turn the holder of the last permit keeps it for 20 ms while the
+/// other waits, so that the waiter is queued, then releases it; the
+/// sample is from the release's start to the waiter's grant. A waiter
+/// learns of the one permit freed among many held ones.
+///
+/// # Errors
+///
+/// An invalid name or count; the first error of an acquisition or release.
+pub async fn permit_handoffs(
+    holder: &Locker,
+    a: &Locker,
+    b: &Locker,
+    name: &str,
+    permits: u32,
+    run: Duration,
+) -> crate::Result<Vec<Duration>> {
+    let sem = Semaphore::new(holder, name, permits)?;
+    let none_free = || {
+        crate::Error::new(
+            crate::ErrorKind::Backend,
+            holder.backend_name(),
+            format!("a semaphore of {permits} permits with {permits} - 1 held had none free"),
+        )
+    };
+    let mut held = Vec::new();
+    for _ in 1..permits {
+        held.push(sem.try_acquire().await?.ok_or_else(none_free)?);
+    }
+    let sems = [
+        Semaphore::new(a, name, permits)?,
+        Semaphore::new(b, name, permits)?,
+    ];
+    let until = Instant::now() + run;
+    let mut samples = Vec::new();
+    let mut last = sems[0].try_acquire().await?.ok_or_else(none_free)?;
+    let mut turn = 1;
+    while Instant::now() < until {
+        let waiter = sems[turn % 2].clone();
+        let wait = tokio::spawn(async move {
+            let p = waiter.acquire_timeout(Duration::from_secs(30)).await;
+            (p, Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let released = Instant::now();
+        last.release().await?;
+        let (p, got) = wait
+            .await
+            .map_err(|e| crate::Error::backend_error("bench", format!("task: {e}")))?;
+        last = p?;
+        samples.push(got.saturating_duration_since(released));
+        turn += 1;
+    }
+    last.release().await?;
+    for p in held {
+        p.release().await?;
+    }
+    samples.sort();
+    Ok(samples)
+}
+
 /// Permits acquired and released per second by one task on a semaphore of
 /// `permits` on `name` (uncontended: every attempt finds a free permit),
 /// and beside it the same task's lock pairs per second on `name/lock`,

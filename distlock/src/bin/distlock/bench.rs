@@ -107,7 +107,25 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         let pairs =
             workload::permit_pairs(&locker, &format!("{ns}/permits"), BENCH_PERMITS, run).await?;
         pb.finish_and_clear();
-        Some(pairs)
+        let pb = bar(
+            &format!(
+                "semaphore of {BENCH_PERMITS} permits, {} held, hand-offs of the last to a waiter",
+                BENCH_PERMITS - 1
+            ),
+            run,
+        );
+        let (a, b) = (distlock::connect(url).await?, distlock::connect(url).await?);
+        let lat = workload::permit_handoffs(
+            &locker,
+            &a,
+            &b,
+            &format!("{ns}/permits-full"),
+            BENCH_PERMITS,
+            run,
+        )
+        .await?;
+        pb.finish_and_clear();
+        Some((pairs, lat))
     };
 
     // A migration between two read-write lock layouts has none.
@@ -135,6 +153,14 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         ms(workload::percentile(&lat, 0.99)),
         ms(workload::percentile(&lat, 1.0)),
     );
+    let sem_handoff = sem.as_ref().map(|(_, lat)| {
+        (
+            lat.len(),
+            ms(workload::percentile(lat, 0.5)),
+            ms(workload::percentile(lat, 1.0)),
+        )
+    });
+    let sem = sem.map(|(pairs, _)| pairs);
     let rw = rw_lat.as_ref().map(|lat| {
         (
             lat.len(),
@@ -158,6 +184,8 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
             "semaphore_permits": BENCH_PERMITS,
             "semaphore_1_task_permits_per_s": sem.map(|(permits, _)| permits),
             "semaphore_lock_floor_pairs_per_s": sem.map(|(_, floor)| floor),
+            "semaphore_handoffs": sem_handoff.map(|(n, _, _)| n),
+            "semaphore_handoff_latency_ms": sem_handoff.map(|(_, p50, max)| json!({ "p50": p50, "max": max })),
             "rw_handoffs": rw.map(|(n, _, _)| n),
             "rw_handoff_latency_ms": rw.map(|(_, p50, p99)| json!({ "p50": p50, "p99": p99 })),
             "held": { "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
@@ -187,6 +215,12 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
         None => println!(
             "| semaphore of {BENCH_PERMITS} permits | none: the two backends lay a semaphore out differently |"
         ),
+    }
+    if let Some((n, s50, smax)) = sem_handoff {
+        println!(
+            "| semaphore permit hand-off to a queued waiter, {} of {BENCH_PERMITS} held, p50 / max of {n} | {s50:.3} / {smax:.3} ms |",
+            BENCH_PERMITS - 1
+        );
     }
     match rw {
         Some((_, rw50, rw99)) => println!(
