@@ -36,8 +36,13 @@
 //! **Mismatched counts.** Clients that disagree on `permits` for one name
 //! never hold more than the largest count together: in the built layout
 //! they share the slots they have in common; in Curator's, each admits by
-//! its own count. The built layout keeps no count on the server, so there a
-//! mismatch is not detected. On ZooKeeper each permit's node holds its
+//! its own count. In the built layout a client that finds every one of its
+//! slots held looks at the 8 slots past its count ([`Locker::inspect`],
+//! once per acquisition, where the backend can inspect): one held means a
+//! client counting more, and [`ErrorKind::InvalidConfig`] instead of a
+//! refusal or a wait. A client counting more than the holders, or one
+//! whose larger-count neighbours hold only slots within its count, is not
+//! told. On ZooKeeper each permit's node holds its
 //! client's count, and a client that finds the semaphore full by its own
 //! count while a client counting otherwise holds gets
 //! [`ErrorKind::InvalidConfig`] instead of a wait. On MySQL a client that
@@ -75,6 +80,10 @@ use crate::{Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, Resu
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 1000;
 
+/// How many slots past its count a full semaphore in the built layout
+/// looks at for a client counting more.
+const BEYOND: u32 = 8;
+
 /// What a slot adds to the semaphore's name.
 const LONGEST_SUFFIX: &str = "/permit-0000";
 
@@ -88,6 +97,10 @@ pub struct Semaphore {
     permits: u32,
     /// The backend's own layout ([`Layout::Native`]).
     native: bool,
+    /// Whether a full semaphore in the built layout looks at the slots
+    /// beyond its count (not for a read-write lock's reader slots, which
+    /// its writers hold by name).
+    check_counts: bool,
 }
 
 impl Semaphore {
@@ -114,6 +127,7 @@ impl Semaphore {
         };
         let mut sem = Self::built(locker, name, permits)?;
         sem.native = native;
+        sem.check_counts = true;
         Ok(sem)
     }
 
@@ -134,6 +148,7 @@ impl Semaphore {
             name: name.to_owned(),
             permits,
             native: false,
+            check_counts: false,
         })
     }
 
@@ -237,12 +252,45 @@ impl Semaphore {
                 }));
             }
         }
+        self.check_beyond().await?;
         if opts.get_wait() == Wait::Try {
             return Ok(None);
         }
         // The tries counted against the wait.
         let wait_opts = crate::rwlock::left(opts, began);
         self.wait_any(&wait_opts).await
+    }
+
+    /// With every slot held (built layout): is one of the [`BEYOND`] slots
+    /// past this count held too, by a client counting more? Then the counts
+    /// disagree: [`ErrorKind::InvalidConfig`]. One [`Locker::inspect`] per
+    /// slot, at once, where the backend can inspect; a slot it cannot look
+    /// at counts as free.
+    async fn check_beyond(&self) -> Result<()> {
+        if !self.check_counts || !self.locker.capabilities().inspect {
+            return Ok(());
+        }
+        let top = self.permits.saturating_add(BEYOND).min(MAX_PERMITS);
+        let looks = (self.permits..top).map(|i| {
+            let (locker, name) = (self.locker.clone(), self.slot_name(i));
+            async move { locker.inspect(&name).await }
+        });
+        let held = futures_util::future::join_all(looks)
+            .await
+            .into_iter()
+            .position(|info| matches!(info, Ok(Some(info)) if info.holder.is_some()));
+        match held {
+            Some(k) => Err(Error::invalid_config(
+                self.locker.backend_name(),
+                format!(
+                    "this semaphore counts {} permits, but its slot {} is held, by a client counting more: every client of a semaphore must count the same",
+                    self.permits,
+                    self.permits as usize + k
+                ),
+            )
+            .with_name(&self.name)),
+            None => Ok(()),
+        }
     }
 
     /// One wait on every slot at once; the first granted wins.

@@ -208,9 +208,9 @@ pub async fn semaphore_concurrent_tries_share(ctx: Ctx) {
     }
 }
 
-/// In a native layout, a client that finds the semaphore full by its own
-/// count, held by clients that count more, is told so: an error, not a
-/// refusal or a wait.
+/// A client that finds the semaphore full by its own count, held by
+/// clients that count more, is told so: an error, not a refusal or a
+/// wait.
 pub async fn semaphore_mismatched_counts_are_an_error(ctx: Ctx) {
     let name = ctx.name("sem-mismatch");
     let (a, b) = (ctx.locker().await, ctx.locker().await);
