@@ -293,7 +293,10 @@ mod tests {
             ("mysql://h?bogus=1", "unknown option \"bogus\""),
             ("mysql://h?fencing=weak", "option fencing=\"weak\""),
             ("mysql://h?rwlock=curator", "option rwlock=\"curator\""),
-            ("mysql://h?semaphore=curator", "option semaphore=\"curator\""),
+            (
+                "mysql://h?semaphore=curator",
+                "option semaphore=\"curator\"",
+            ),
             ("mysql://h?table=x;drop", "option table"),
             ("mysql://h?pool_size=0", "pool_size"),
             ("mysql://:secret@h:1?connect_timeout_ms=x", "milliseconds"),

@@ -224,7 +224,10 @@ impl MysqlBackend {
     /// transaction begun again.
     async fn wait_chunk(&self, h: &mut Holding, row: &str) -> Result<Option<Instant>> {
         let sent = Instant::now();
-        match self.lock_row(h, row, Deadline::At(sent + CHUNK), false).await? {
+        match self
+            .lock_row(h, row, Deadline::At(sent + CHUNK), false)
+            .await?
+        {
             Some(true) => Ok(Some(sent)),
             got => {
                 // Run out (or the row deleted meanwhile, which the next look
@@ -296,7 +299,8 @@ impl MysqlBackend {
     /// starts a new one.
     async fn create_slots(&self, h: &mut Holding, name: &str, permits: u32) -> Result<()> {
         let sh = self.shared.clone();
-        self.exec_raw(h, "ROLLBACK".to_owned(), "rolling back").await?;
+        self.exec_raw(h, "ROLLBACK".to_owned(), "rolling back")
+            .await?;
         let picks = vec!["SELECT ? AS n"; permits as usize].join(" UNION ALL ");
         let table = &sh.cfg.table;
         let sql = format!(
