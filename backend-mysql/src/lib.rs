@@ -57,11 +57,14 @@
 //! connections, and a permit freed on a slot it is not waiting on is found
 //! within about a second. A plain SQL session that locks a slot row `FOR
 //! UPDATE` holds that permit. Every permit advances one fencing counter,
-//! `N\x01sem`, so tokens rise across all the semaphore's permits. **Counts
+//! `N\x01sem`, while it holds its slot, and then proves its transaction
+//! alive: so a permit's token is above that of every permit of the
+//! semaphore granted before it was asked for, on any slot (two permits
+//! taken at the same moment may come back in either order). **Counts
 //! that disagree**: a client that finds its own `K` slots held while a
 //! slot beyond them is held too (a client counting more) gets
 //! [`lockcore::ErrorKind::InvalidConfig`]; to tell a held slot from a free
-//! one it locks the free ones beyond its count for a moment. A client
+//! one it locks the free ones beyond its count shared for a moment. A client
 //! counting more than the holders is not told: it admits by its own count,
 //! and the permits held stay at most the largest count. Needs `SKIP
 //! LOCKED` (MariaDB 10.6, MySQL 8.0); an older server gets an

@@ -80,6 +80,16 @@ impl MysqlBackend {
         deadline: Deadline,
         wait: (u64, u64),
     ) -> Result<(Holding, Option<(String, Instant)>)> {
+        if !(1..=lockcore::semaphore::MAX_PERMITS).contains(&permits) {
+            return Err(Error::invalid_config(
+                NAME,
+                format!(
+                    "a semaphore has 1 to {} permits, not {permits}",
+                    lockcore::semaphore::MAX_PERMITS
+                ),
+            ));
+        }
+        let rows: Vec<String> = (0..permits).map(|i| slot_row(name, i)).collect();
         let (first, last) = (slot_row(name, 0), slot_row(name, permits - 1));
         let mut creates = 0;
         // How many slot rows beyond ours there were, once our own were
@@ -91,7 +101,7 @@ impl MysqlBackend {
         let mut chunked = false;
         loop {
             let sent = Instant::now();
-            if let Some(row) = self.free_slot(&mut h, &first, &last).await? {
+            if let Some(row) = self.free_slot(&mut h, &rows).await? {
                 return Ok((h, Some((row, sent))));
             }
             if beyond.is_none() {
@@ -127,7 +137,8 @@ impl MysqlBackend {
             let span = match deadline {
                 Deadline::Now => return Ok((h, None)),
                 Deadline::At(t) if t <= Instant::now() => return Ok((h, None)),
-                Deadline::At(t) if t <= Instant::now() + CHUNK => Span::Whole(deadline),
+                // A server's one-second wait may last up to two.
+                Deadline::At(t) if t <= Instant::now() + 2 * CHUNK => Span::Whole(deadline),
                 _ if permits > WAIT_WIDTH => Span::Chunk,
                 _ => Span::Whole(deadline),
             };
@@ -246,14 +257,21 @@ impl MysqlBackend {
         }
     }
 
-    /// One `FOR UPDATE SKIP LOCKED` over the slot rows from `first` to
-    /// `last`: the row it locked, if any was free.
-    async fn free_slot(&self, h: &mut Holding, first: &str, last: &str) -> Result<Option<String>> {
+    /// One `FOR UPDATE SKIP LOCKED` over the slot rows `rows`, each named
+    /// (point lookups: no other row is read, so none is locked even for a
+    /// moment): the row it locked, if any was free.
+    async fn free_slot(&self, h: &mut Holding, rows: &[String]) -> Result<Option<String>> {
         let sh = self.shared.clone();
-        let fut = sqlx::query(AssertSqlSafe(sh.sql.slot_free.clone()))
-            .bind(first.as_bytes())
-            .bind(last.as_bytes())
-            .fetch_optional(h.conn()?);
+        let marks = vec!["?"; rows.len()].join(",");
+        let sql = format!(
+            "{}{marks}) ORDER BY `name` LIMIT 1 FOR UPDATE SKIP LOCKED",
+            sh.sql.slot_free
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for r in rows {
+            q = q.bind(r.as_bytes());
+        }
+        let fut = q.fetch_optional(h.conn()?);
         let row = tokio::time::timeout(sh.cfg.request_timeout, fut)
             .await
             .map_err(|_| timed_out("taking a free slot", &sh.server, sh.cfg.request_timeout))?
@@ -334,8 +352,9 @@ impl MysqlBackend {
 
     /// With every one of our slots held: is a slot beyond `last` (a client
     /// counting more) held too? Then the counts disagree. The free ones are
-    /// locked for a moment to tell them from the held, and the transaction
-    /// begins again to let them go.
+    /// locked shared for a moment to tell them from the held (two clients
+    /// looking at once do not hide them from each other), and the
+    /// transaction begins again to let them go.
     async fn check_beyond(
         &self,
         h: &mut Holding,

@@ -45,13 +45,16 @@ pub(crate) struct Sql {
     pub(crate) share_nowait: Arc<str>,
     /// A reader's shared lock on the row, waiting.
     pub(crate) share_wait: Arc<str>,
-    /// The first free slot row in a range, locked (`SKIP LOCKED`).
+    /// The first free one of the slot rows listed after it, locked (`SKIP
+    /// LOCKED`): point lookups, which read no row beyond those listed.
     pub(crate) slot_free: Arc<str>,
     /// How many slot rows a range has up to a bound, and beyond it.
     pub(crate) slot_counts: Arc<str>,
     /// The slot rows in a range (locking nothing).
     pub(crate) slots_beyond: Arc<str>,
-    /// The free slot rows in a range, locked (`SKIP LOCKED`).
+    /// The slot rows in a range that no one holds for update, locked
+    /// shared for a moment (`SKIP LOCKED`): two clients looking at once do
+    /// not hide the rows from each other.
     pub(crate) slots_beyond_free: Arc<str>,
     pub(crate) insert_row: Arc<str>,
     pub(crate) fence: Arc<str>,
@@ -63,10 +66,13 @@ impl Sql {
     /// (`mariadb`) or a MySQL one, which spell a shared lock without
     /// waiting differently.
     pub(crate) fn new(table: &str, fence: &str, mariadb: bool) -> Self {
-        let share_nowait = if mariadb {
-            "LOCK IN SHARE MODE NOWAIT"
+        let (share_nowait, share_skip) = if mariadb {
+            (
+                "LOCK IN SHARE MODE NOWAIT",
+                "LOCK IN SHARE MODE SKIP LOCKED",
+            )
         } else {
-            "FOR SHARE NOWAIT"
+            ("FOR SHARE NOWAIT", "FOR SHARE SKIP LOCKED")
         };
         Sql {
             lock_nowait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? FOR UPDATE NOWAIT")
@@ -76,10 +82,7 @@ impl Sql {
                 .into(),
             share_wait: format!("SELECT 1 FROM `{table}` WHERE `name` = ? LOCK IN SHARE MODE")
                 .into(),
-            slot_free: format!(
-                "SELECT `name` FROM `{table}` WHERE `name` >= ? AND `name` <= ? ORDER BY `name` LIMIT 1 FOR UPDATE SKIP LOCKED"
-            )
-            .into(),
+            slot_free: format!("SELECT `name` FROM `{table}` WHERE `name` IN (").into(),
             slot_counts: format!(
                 "SELECT CAST(SUM(`name` <= ?) AS UNSIGNED), CAST(SUM(`name` > ?) AS UNSIGNED) FROM `{table}` WHERE `name` >= ? AND `name` < ?"
             )
@@ -87,7 +90,7 @@ impl Sql {
             slots_beyond: format!("SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ?")
                 .into(),
             slots_beyond_free: format!(
-                "SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ? FOR UPDATE SKIP LOCKED"
+                "SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ? {share_skip}"
             )
             .into(),
             insert_row: format!(

@@ -8,6 +8,7 @@
 
 mod harness;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Wait};
@@ -226,6 +227,71 @@ async fn slot_rows_locked_from_sql_are_permits(ctx: Ctx) {
         .expect("try")
         .expect("free once SQL committed");
     p.release().await.expect("release");
+}
+
+/// A backend asked directly for a permit of a semaphore with 0 or too many
+/// permits says so: an error, not a panic or a permit.
+async fn permit_counts_out_of_range_are_refused(ctx: Ctx) {
+    use lockcore::backend::prelude::{AcquireRequest, Backend, CancellationToken, Deadline};
+    let b = MysqlBackend::connect(MysqlConfig::parse(&ctx.config).unwrap())
+        .await
+        .expect("connect");
+    let name = ctx.name("sem-range");
+    let lost = CancellationToken::new();
+    for permits in [0, lockcore::semaphore::MAX_PERMITS + 1] {
+        let got = b
+            .acquire(AcquireRequest {
+                name: &name,
+                owner: lockcore::OwnerToken::random(),
+                ttl: Duration::from_secs(10),
+                deadline: Deadline::Now,
+                lost: &lost,
+                value: None,
+                mode: lockcore::Mode::Permit { permits },
+            })
+            .await;
+        let e = got.map(|g| g.is_some()).expect_err("a count out of range");
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{permits}: {e}");
+    }
+}
+
+/// Slot rows left by a client that once counted more are not a mismatch:
+/// clients that all count 4 and find the semaphore full at the same moment
+/// each time out, none is told the counts disagree (each one's look at
+/// the rows beyond its count must not take another's look for a holder).
+async fn equal_counts_beside_old_rows_are_no_mismatch(ctx: Ctx) {
+    const WAITERS: usize = 16;
+    let l = ctx.locker().await;
+    let name = ctx.name("sem-old-rows");
+    let eight = lockcore::Semaphore::new(&l, &name, 8).expect("semaphore");
+    let mut once = Vec::new();
+    for _ in 0..8 {
+        once.push(eight.try_acquire().await.expect("try").expect("free"));
+    }
+    for p in once {
+        p.release().await.expect("release");
+    }
+    let four = lockcore::Semaphore::new(&l, &name, 4).expect("semaphore");
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(four.try_acquire().await.expect("try").expect("free"));
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(WAITERS));
+    let mut waits = Vec::new();
+    for _ in 0..WAITERS {
+        let (sem, start) = (four.clone(), start.clone());
+        waits.push(tokio::spawn(async move {
+            start.wait().await;
+            sem.acquire_timeout(Duration::from_secs(2)).await.map(drop)
+        }));
+    }
+    for w in waits {
+        let e = w.await.expect("task").expect_err("no permit is free");
+        assert_eq!(e.kind(), lockcore::ErrorKind::Timeout, "{e}");
+    }
+    for p in held {
+        p.release().await.expect("release");
+    }
 }
 
 /// A semaphore with more slots than a waiter waits on at once: with every
@@ -729,6 +795,12 @@ fn main() -> std::process::ExitCode {
         )
         .case("slot_rows_locked_from_sql_are_permits", |ctx| {
             Box::pin(slot_rows_locked_from_sql_are_permits(ctx))
+        })
+        .case("permit_counts_out_of_range_are_refused", |ctx| {
+            Box::pin(permit_counts_out_of_range_are_refused(ctx))
+        })
+        .case("equal_counts_beside_old_rows_are_no_mismatch", |ctx| {
+            Box::pin(equal_counts_beside_old_rows_are_no_mismatch(ctx))
         })
         .case("wide_semaphore_waiter_gets_any_freed_permit", |ctx| {
             Box::pin(wide_semaphore_waiter_gets_any_freed_permit(ctx))

@@ -6,7 +6,8 @@
 //! ([`Layout::Native`]) takes `S` itself as one of
 //! its `permits` holders ([`Mode::Permit`]): on ZooKeeper that is Curator's
 //! `InterProcessSemaphoreV2`, where a waiter queues once, in arrival order,
-//! and a permit's token rises across every permit of the semaphore; on
+//! and a permit's token is above every permit's granted before it was
+//! asked for (across slots, not only within one); on
 //! MySQL, slot rows taken with `FOR UPDATE SKIP LOCKED`, one statement per
 //! try, with one fencing counter for every permit. There
 //! [`Permit::slot`] is `None`. A `migrate:` pair whose backends lay a semaphore
@@ -353,8 +354,10 @@ impl Permit {
 
     /// The permit's fencing token, `None` where the backend has none. In
     /// the built layout it is its slot lock's, strictly rising across the
-    /// holders of that slot (not across slots); in a native one it rises
-    /// across every permit of the semaphore.
+    /// holders of that slot (not across slots); in a native one it is
+    /// above the token of every permit of the semaphore granted before this
+    /// one was asked for (two permits granted at the same moment may come
+    /// back in either order).
     pub fn fence(&self) -> Option<u64> {
         self.guard.fence()
     }
