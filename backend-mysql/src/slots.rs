@@ -117,7 +117,7 @@ impl MysqlBackend {
                             ),
                         ));
                     }
-                    self.create_slots(&mut h, name, permits).await?;
+                    self.create_rows(&mut h, &rows).await?;
                     continue;
                 }
                 // All there: look again, since the first look may have
@@ -311,43 +311,6 @@ impl MysqlBackend {
                 .map_err(|e| map_err(e, "counting the slots", &sh.server))
         };
         Ok((get(0)?, get(1)?))
-    }
-
-    /// Creates the missing slot rows, outside the holding transaction, then
-    /// starts a new one.
-    async fn create_slots(&self, h: &mut Holding, name: &str, permits: u32) -> Result<()> {
-        let sh = self.shared.clone();
-        self.exec_raw(h, "ROLLBACK".to_owned(), "rolling back")
-            .await?;
-        let picks = vec!["SELECT ? AS n"; permits as usize].join(" UNION ALL ");
-        let table = &sh.cfg.table;
-        let sql = format!(
-            "INSERT INTO `{table}` (`name`) SELECT s.n FROM ({picks}) s WHERE NOT EXISTS (SELECT 1 FROM `{table}` t WHERE t.`name` = s.n)"
-        );
-        let rows: Vec<String> = (0..permits).map(|i| slot_row(name, i)).collect();
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for r in &rows {
-            q = q.bind(r.as_bytes());
-        }
-        match tokio::time::timeout(sh.cfg.request_timeout, q.execute(h.conn()?)).await {
-            Err(_) => {
-                return Err(timed_out(
-                    "creating the slot rows",
-                    &sh.server,
-                    sh.cfg.request_timeout,
-                ))
-            }
-            // Another client created some at the same moment: counted again.
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) if db_number(&e) == Some(code::DUP_ENTRY) => {}
-            Ok(Err(e)) => return Err(map_err(e, "creating the slot rows", &sh.server)),
-        }
-        self.exec_raw(
-            h,
-            "START TRANSACTION".to_owned(),
-            "starting the lock transaction",
-        )
-        .await
     }
 
     /// With every one of our slots held: is a slot beyond `last` (a client
