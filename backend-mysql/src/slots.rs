@@ -127,8 +127,9 @@ impl MysqlBackend {
             }
             if !checked {
                 checked = true;
-                if beyond > Some(0) {
-                    self.check_beyond(&mut h, name, &last, permits).await?;
+                if let Some(existing @ 1..) = beyond {
+                    self.check_beyond(&mut h, name, &last, permits, existing)
+                        .await?;
                 }
             }
             // The whole wait at once on every slot (or at the end of a
@@ -313,8 +314,9 @@ impl MysqlBackend {
         Ok((get(0)?, get(1)?))
     }
 
-    /// With every one of our slots held: is a slot beyond `last` (a client
-    /// counting more) held too? Then the counts disagree. The free ones are
+    /// With every one of our slots held: is one of the `existing` slots
+    /// beyond `last` (counted by `count_slots`, of a client counting more)
+    /// held? Then the counts disagree. The free ones are
     /// locked shared for a moment to tell them from the held (two clients
     /// looking at once do not hide them from each other), and the
     /// transaction begins again to let them go.
@@ -324,18 +326,11 @@ impl MysqlBackend {
         name: &str,
         last: &str,
         permits: u32,
+        existing: u64,
     ) -> Result<()> {
         let sh = self.shared.clone();
         let end = slots_end(name);
         let what = "looking at the slots beyond the count";
-        let existing = sqlx::query(AssertSqlSafe(sh.sql.slots_beyond.clone()))
-            .bind(last.as_bytes())
-            .bind(end.as_bytes())
-            .fetch_all(h.conn()?);
-        let existing = tokio::time::timeout(sh.cfg.request_timeout, existing)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
-            .map_err(|e| map_err(e, what, &sh.server))?;
         let free = sqlx::query(AssertSqlSafe(sh.sql.slots_beyond_free.clone()))
             .bind(last.as_bytes())
             .bind(end.as_bytes())
@@ -350,7 +345,9 @@ impl MysqlBackend {
             "beginning the wait again",
         )
         .await?;
-        if free.len() < existing.len() {
+        // Rows are never deleted: ones created since they were counted
+        // only make `free` larger.
+        if (free.len() as u64) < existing {
             return Err(Error::invalid_config(
                 NAME,
                 format!(

@@ -50,8 +50,6 @@ pub(crate) struct Sql {
     pub(crate) slot_free: Arc<str>,
     /// How many slot rows a range has up to a bound, and beyond it.
     pub(crate) slot_counts: Arc<str>,
-    /// The slot rows in a range (locking nothing).
-    pub(crate) slots_beyond: Arc<str>,
     /// The slot rows in a range that no one holds for update, locked
     /// shared for a moment (`SKIP LOCKED`): two clients looking at once do
     /// not hide the rows from each other.
@@ -86,8 +84,6 @@ impl Sql {
                 "SELECT CAST(SUM(`name` <= ?) AS UNSIGNED), CAST(SUM(`name` > ?) AS UNSIGNED) FROM `{table}` WHERE `name` >= ? AND `name` < ?"
             )
             .into(),
-            slots_beyond: format!("SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ?")
-                .into(),
             slots_beyond_free: format!(
                 "SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ? {share_skip}"
             )
