@@ -314,6 +314,37 @@ impl MysqlBackend {
         Ok((get(0)?, get(1)?))
     }
 
+    /// Creates the slot rows `rows` that do not exist yet, outside the
+    /// holding transaction, in one autocommit statement, then starts a new
+    /// one. A row another client creates at the same moment is no error.
+    async fn create_rows(&self, h: &mut Holding, rows: &[String]) -> Result<()> {
+        let sh = self.shared.clone();
+        let what = "creating the lock rows";
+        self.exec_raw(h, "ROLLBACK".to_owned(), "rolling back")
+            .await?;
+        let picks = vec!["SELECT ? AS n"; rows.len()].join(" UNION ALL ");
+        let table = &sh.cfg.table;
+        let sql = format!(
+            "INSERT INTO `{table}` (`name`) SELECT s.n FROM ({picks}) s WHERE NOT EXISTS (SELECT 1 FROM `{table}` t WHERE t.`name` = s.n)"
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for r in rows {
+            q = q.bind(r.as_bytes());
+        }
+        match tokio::time::timeout(sh.cfg.request_timeout, q.execute(h.conn()?)).await {
+            Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if db_number(&e) == Some(code::DUP_ENTRY) => {}
+            Ok(Err(e)) => return Err(map_err(e, what, &sh.server)),
+        }
+        self.exec_raw(
+            h,
+            "START TRANSACTION".to_owned(),
+            "starting the lock transaction",
+        )
+        .await
+    }
+
     /// With every one of our slots held: is one of the `existing` slots
     /// beyond `last` (counted by `count_slots`, of a client counting more)
     /// held? Then the counts disagree. The free ones are

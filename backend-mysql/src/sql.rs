@@ -54,6 +54,7 @@ pub(crate) struct Sql {
     /// shared for a moment (`SKIP LOCKED`): two clients looking at once do
     /// not hide the rows from each other.
     pub(crate) slots_beyond_free: Arc<str>,
+    pub(crate) insert_row: Arc<str>,
     pub(crate) fence: Arc<str>,
     pub(crate) holder: Arc<str>,
 }
@@ -86,6 +87,10 @@ impl Sql {
             .into(),
             slots_beyond_free: format!(
                 "SELECT `name` FROM `{table}` WHERE `name` > ? AND `name` < ? {share_skip}"
+            )
+            .into(),
+            insert_row: format!(
+                "INSERT INTO `{table}` (`name`) SELECT ? FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM `{table}` WHERE `name` = ?)"
             )
             .into(),
             fence: format!(

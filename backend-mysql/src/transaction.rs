@@ -73,7 +73,7 @@ impl MysqlBackend {
             match self.lock_row(h, name, deadline, shared).await? {
                 Some(true) => return Ok(Some(sent)),
                 Some(false) if !created => {
-                    self.create_rows(h, &[name.to_owned()]).await?;
+                    self.create_row(h, name).await?;
                     created = true;
                 }
                 Some(false) => {
@@ -267,28 +267,27 @@ impl MysqlBackend {
         }
     }
 
-    /// Creates the rows `rows` that do not exist yet, outside the holding
-    /// transaction, in one autocommit statement, then starts a new one. A
-    /// row another client creates at the same moment is no error.
-    pub(crate) async fn create_rows(&self, h: &mut Holding, rows: &[String]) -> Result<()> {
+    /// Creates the row of `name` outside the holding transaction, then
+    /// starts a new one.
+    pub(crate) async fn create_row(&self, h: &mut Holding, name: &str) -> Result<()> {
         let sh = self.shared.clone();
-        let what = "creating the lock rows";
         self.exec_raw(h, "ROLLBACK".to_owned(), "rolling back")
             .await?;
-        let picks = vec!["SELECT ? AS n"; rows.len()].join(" UNION ALL ");
-        let table = &sh.cfg.table;
-        let sql = format!(
-            "INSERT INTO `{table}` (`name`) SELECT s.n FROM ({picks}) s WHERE NOT EXISTS (SELECT 1 FROM `{table}` t WHERE t.`name` = s.n)"
-        );
-        let mut q = sqlx::query(AssertSqlSafe(sql));
-        for r in rows {
-            q = q.bind(r.as_bytes());
-        }
-        match tokio::time::timeout(sh.cfg.request_timeout, q.execute(h.conn()?)).await {
-            Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
+        let fut = sqlx::query(AssertSqlSafe(sh.sql.insert_row.clone()))
+            .bind(name.as_bytes())
+            .bind(name.as_bytes())
+            .execute(h.conn()?);
+        match tokio::time::timeout(sh.cfg.request_timeout, fut).await {
+            Err(_) => {
+                return Err(timed_out(
+                    "creating the lock row",
+                    &sh.server,
+                    sh.cfg.request_timeout,
+                ))
+            }
             Ok(Ok(_)) => {}
             Ok(Err(e)) if db_number(&e) == Some(code::DUP_ENTRY) => {}
-            Ok(Err(e)) => return Err(map_err(e, what, &sh.server)),
+            Ok(Err(e)) => return Err(map_err(e, "creating the lock row", &sh.server)),
         }
         self.exec_raw(
             h,
