@@ -202,6 +202,8 @@ impl Backend for MysqlBackend {
         };
         Capabilities::new(fencing, LeaseKind::Connection)
             .push_wakeup(true)
+            .inspect(self.shared.cfg.fencing)
+            .values(self.shared.cfg.fencing)
             .rw_layout(self.shared.cfg.rwlock)
             .semaphore_layout(self.shared.cfg.semaphore)
     }
@@ -257,6 +259,7 @@ impl Backend for MysqlBackend {
             return Ok(None);
         };
         let conn_id = h.id.unwrap_or_default();
+        let mut user_lock = None;
         let (fence, sent) = if sh.cfg.fencing {
             // The fencing counter: advanced while the row is locked, in its
             // own committed statement, so it never rolls back with a dead
@@ -264,10 +267,21 @@ impl Backend for MysqlBackend {
             let fence = self
                 .next_fence(&counter, conn_id, req.owner.to_string())
                 .await?;
+            let exclusive = matches!(req.mode, Mode::Exclusive);
+            if let (true, Some(value)) = (exclusive, req.value) {
+                self.record_value(&row, fence, value).await?;
+            }
             // Prove the holding transaction outlived the increment: only
-            // then is every later holder's increment after this one.
+            // then is every later holder's increment after this one. A
+            // lock's holder proves it by publishing itself, after its
+            // fencing row and value are written, so that inspection finds
+            // them written.
             let sent = Instant::now();
-            self.prove_alive(&mut h).await?;
+            if exclusive {
+                user_lock = Some(self.publish(&mut h, &row).await?);
+            } else {
+                self.prove_alive(&mut h).await?;
+            }
             (Some(fence), sent)
         } else if locked_at.elapsed() <= req.ttl / 10 {
             // The session's idle clock started with the locking read, which
@@ -286,6 +300,7 @@ impl Backend for MysqlBackend {
                 shared: sh,
                 name: row,
                 conn_id,
+                user_lock,
                 ttl_secs: AtomicU64::new(ttl),
                 lost: req.lost.clone(),
                 conn: Arc::new(tokio::sync::Mutex::new(Some(h))),
@@ -293,5 +308,19 @@ impl Backend for MysqlBackend {
             fence,
             valid_until: validity_deadline(sent, req.ttl),
         }))
+    }
+
+    /// The holder of a lock, with its token and value (`fencing=strict`
+    /// only: the holder is found by the user lock it takes beside its
+    /// fencing row). Waiters are not counted.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        if !self.shared.cfg.fencing {
+            return Ok(None);
+        }
+        self.inspect_row(name).await.map(Some)
     }
 }

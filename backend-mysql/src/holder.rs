@@ -1,8 +1,10 @@
-//! Finding, and ending, the session that holds a name, as an operator
-//! would, checked against the server's lock-wait graph.
+//! Finding who holds a name: inspection (the holder's published user lock
+//! against its fencing row), and, as an operator would, the session to end,
+//! checked against the server's lock-wait graph.
 
 use std::time::{Duration, Instant};
 
+use lockcore::backend::{HolderInfo, LockInfo};
 use lockcore::{Deadline, Error, Result};
 use sqlx::{AssertSqlSafe, Row};
 
@@ -12,7 +14,63 @@ use crate::error::{db_number, map_err, timed_out};
 use crate::holding::Holding;
 use crate::sql::waits;
 
+/// How many times inspection reads again when it catches a hand-over
+/// between the rows it read and the user lock (a new holder published
+/// itself in between).
+const INSPECT_READS: usize = 5;
+
 impl MysqlBackend {
+    /// Who holds lock `name`: the session holding the row's user lock
+    /// (`IS_USED_LOCK`) when it is the one the fencing row records, with
+    /// that row's owner and token, and the value recorded for that token.
+    /// Every holder writes its fencing row and value before it takes the
+    /// user lock, and lets go of the user lock before its row, so a user
+    /// lock held by the recorded connection is the current holding.
+    pub(crate) async fn inspect_row(&self, name: &str) -> Result<LockInfo> {
+        let sh = &self.shared;
+        let what = "inspecting the holder";
+        let mut reads = 0;
+        loop {
+            reads += 1;
+            let q = sqlx::query(AssertSqlSafe(sh.sql.inspect.clone()))
+                .bind(name.as_bytes())
+                .bind(name.as_bytes())
+                .fetch_optional(&sh.aux);
+            let row = tokio::time::timeout(sh.cfg.request_timeout, q)
+                .await
+                .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
+                .map_err(|e| map_err(e, what, &sh.server))?;
+            // Never locked with a fencing row: no holder we can see.
+            let Some(row) = row else {
+                return Ok(LockInfo::new(None, None));
+            };
+            let get = |e: sqlx::Error| map_err(e, what, &sh.server);
+            let fence: u64 = row.try_get(0).map_err(get)?;
+            let owner: Option<String> = row.try_get(1).map_err(get)?;
+            let recorded: Option<u64> = row.try_get(2).map_err(get)?;
+            let using: Option<u64> = row.try_get(3).map_err(get)?;
+            let value: Option<Vec<u8>> = row.try_get(4).map_err(get)?;
+            let value_fence: Option<u64> = row.try_get(5).map_err(get)?;
+            let Some(using) = using else {
+                return Ok(LockInfo::new(None, None));
+            };
+            if recorded == Some(using) {
+                let value = value
+                    .filter(|_| value_fence == Some(fence))
+                    .map(|v| String::from_utf8_lossy(&v).into_owned());
+                let holder = HolderInfo::new(owner, Some(fence), None).with_value(value);
+                return Ok(LockInfo::new(Some(holder), None));
+            }
+            if reads >= INSPECT_READS {
+                // Held, but not by the session recorded: say held, and no
+                // more.
+                let holder = HolderInfo::new(None, None, None);
+                return Ok(LockInfo::new(Some(holder), None));
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// The server connection id (`CONNECTION_ID()`) of the session holding
     /// `name`, if the name is held: what an operator passes to `KILL` to end
     /// the lock.

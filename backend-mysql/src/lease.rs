@@ -12,12 +12,16 @@ use sqlx::AssertSqlSafe;
 use crate::backend::Shared;
 use crate::config::NAME;
 use crate::holding::Holding;
+use crate::sql::is_user_lock_name;
 
 /// A held row lock: the open transaction on its pinned connection.
 pub(crate) struct MysqlLease {
     pub(crate) shared: Arc<Shared>,
     pub(crate) name: String,
     pub(crate) conn_id: u64,
+    /// The user lock a lock's holder published itself with (see
+    /// `MysqlBackend::publish`), let go of before the row.
+    pub(crate) user_lock: Option<String>,
     pub(crate) ttl_secs: AtomicU64,
     pub(crate) lost: CancellationToken,
     pub(crate) conn: Arc<tokio::sync::Mutex<Option<Holding>>>,
@@ -88,7 +92,14 @@ impl BackendLease for MysqlLease {
         };
         drop(slot);
         let rt = self.shared.cfg.request_timeout;
-        let fut = sqlx::raw_sql("ROLLBACK; SET SESSION wait_timeout = DEFAULT").execute(h.conn()?);
+        // The user lock first: a later holder never finds it taken.
+        let sql = match &self.user_lock {
+            Some(key) if is_user_lock_name(key) => {
+                format!("DO RELEASE_LOCK('{key}'); ROLLBACK; SET SESSION wait_timeout = DEFAULT")
+            }
+            _ => "ROLLBACK; SET SESSION wait_timeout = DEFAULT".to_owned(),
+        };
+        let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(h.conn()?);
         match tokio::time::timeout(rt, fut).await {
             Ok(Ok(_)) => {
                 h.dirty = false; // back to the pool

@@ -8,9 +8,11 @@
 //! locking exactly that one record. The row is created on first use by an
 //! autocommit insert, outside any lock, and is never deleted by the library.
 //! Beside it, `lockcore_locks_fence` keeps each name's fencing counter, the
-//! connection id of the latest holder and its owner token. Both tables are
-//! created by [`connect`] unless `?ensure_schema=false`; [`schema_sql`] gives
-//! the statements for a migration.
+//! connection id of the latest holder and its owner token, and
+//! `lockcore_locks_value` the value an election's leader campaigned with,
+//! with its term. The three tables are created by [`connect`] unless
+//! `?ensure_schema=false`; [`schema_sql`] gives the statements for a
+//! migration.
 //!
 //! **Acquire.** On a dedicated pooled connection: `SET SESSION wait_timeout`
 //! from the ttl, `START TRANSACTION`, then `SELECT ... FOR UPDATE NOWAIT` for
@@ -92,11 +94,36 @@
 //! incremented: B's token is larger. A counter that only goes up through
 //! committed statements cannot go backwards (rows are never deleted).
 //!
+//! **Who holds a lock, and leader election (with fencing).** A lock's
+//! holder, once its fencing row names its connection, takes the row's user
+//! lock, `GET_LOCK('lockcore:<hash of database, table and row>', …)`, on its
+//! holding connection; that round trip is also the proof that its
+//! transaction outlived the increment. It lets go of the user lock before
+//! its row (`DO RELEASE_LOCK(…); ROLLBACK` in one request), and a dead
+//! connection loses both. So [`Backend::inspect`](lockcore::backend::Backend::inspect)
+//! is one read: the fencing row and `IS_USED_LOCK` of the user lock; the
+//! name is held by the recorded owner, with its token, when the server
+//! shows the recorded connection holding the user lock (a read that catches
+//! a hand-over between the two reads again). The server frees a dead
+//! session's row before its user locks, so a new holder waits for the user
+//! lock up to the request timeout. No privilege is needed beyond the
+//! tables'. This makes [`lockcore::Election`] work on MySQL: a candidate
+//! with a value records it in `lockcore_locks_value` with its term before
+//! it takes the user lock, and inspection shows a value only beside the
+//! term it was recorded with, so [`Election::leader`](lockcore::Election::leader)
+//! never names a value with another leader's term. Waiters are not counted
+//! (`LockInfo::waiters` is `None`). Only clients with `fencing=strict` take
+//! the user lock: a holder with `fencing=none`, or a plain SQL session that
+//! locks the row, holds the name unseen, and `?fencing=none` has neither
+//! inspection nor elections.
+//!
 //! **Round trips.** With fencing, an uncontended acquisition is four round
 //! trips: the transaction's start (`SET SESSION ...; START TRANSACTION;
 //! SELECT CONNECTION_ID()`, one multi-statement request), the locking read,
-//! the counter's increment (the one durable commit), and the `SELECT 1`
-//! that proves the transaction outlived it. A release is one (`ROLLBACK`).
+//! the counter's increment (the one durable commit), and the `GET_LOCK`
+//! that proves the transaction outlived it (a `SELECT 1` for a reader or a
+//! permit). A candidate's value is one more autocommit insert. A release is
+//! one (`ROLLBACK`, after `RELEASE_LOCK` for a lock).
 //! `?fencing=none` (tokens `None`, exclusion only) skips the increment and
 //! the proof: two round trips to acquire (three after a lock wait longer
 //! than a tenth of the ttl, whose `SELECT 1` restarts the validity) and no

@@ -57,6 +57,37 @@ pub(crate) struct Sql {
     pub(crate) insert_row: Arc<str>,
     pub(crate) fence: Arc<str>,
     pub(crate) holder: Arc<str>,
+    /// A candidate's value and term, recorded beside the fencing counter.
+    pub(crate) value: Arc<str>,
+    /// The holder of a lock publishes itself: the user lock of its row
+    /// (`GET_LOCK`, waiting as many seconds as bound first), and the user
+    /// lock's name, for the release.
+    pub(crate) publish: Arc<str>,
+    /// Who holds a lock: its fencing row, value row, and the connection
+    /// holding its user lock (`IS_USED_LOCK`).
+    pub(crate) inspect: Arc<str>,
+}
+
+/// The name of a row's user lock, as a SQL expression of the row name
+/// bound after it: `lockcore:` and 55 hex digits of a hash of the database,
+/// the table and the row (a user lock's name is at most 64 characters, and
+/// one server's user locks are shared by all its databases).
+fn user_lock_name(table: &str) -> String {
+    // Bytes throughout: a name need not be valid in the connection's
+    // character set, nor the database's name in the name's.
+    format!(
+        "CONCAT('lockcore:', LEFT(SHA2(CONCAT(CAST(IFNULL(DATABASE(), '') AS BINARY), 0x00, CAST('{table}' AS BINARY), 0x00, CAST(? AS BINARY)), 256), 55))"
+    )
+}
+
+/// Whether `name` can be the name of one of our user locks, so safe to
+/// write into a statement as a literal.
+pub(crate) fn is_user_lock_name(name: &str) -> bool {
+    name.len() == 64
+        && name.starts_with("lockcore:")
+        && name["lockcore:".len()..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
 }
 
 impl Sql {
@@ -64,6 +95,8 @@ impl Sql {
     /// (`mariadb`) or a MySQL one, which spell a shared lock without
     /// waiting differently.
     pub(crate) fn new(table: &str, fence: &str, mariadb: bool) -> Self {
+        let value = value_table(table);
+        let user_lock = user_lock_name(table);
         let (share_nowait, share_skip) = if mariadb {
             (
                 "LOCK IN SHARE MODE NOWAIT",
@@ -99,12 +132,33 @@ impl Sql {
             )
             .into(),
             holder: format!("SELECT `holder_conn` FROM `{fence}` WHERE `name` = ?").into(),
+            value: format!(
+                "INSERT INTO `{value}` (`name`, `fence`, `value`) VALUES (?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE `fence` = VALUES(`fence`), `value` = VALUES(`value`)"
+            )
+            .into(),
+            publish: format!(
+                "SELECT CAST(GET_LOCK(`k`, ?) AS SIGNED), `k` FROM (SELECT {user_lock} AS `k`) AS `t`"
+            )
+            .into(),
+            inspect: format!(
+                "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), `v`.`value`, `v`.`fence` \
+                 FROM `{fence}` AS `f` LEFT JOIN `{value}` AS `v` ON `v`.`name` = `f`.`name` WHERE `f`.`name` = ?"
+            )
+            .into(),
         }
     }
 }
 
-/// The `CREATE TABLE` statements of the lock table `table` and its fencing
-/// counter table `<table>_fence`, for migrations.
+/// The table of the values candidates campaign with, beside lock table
+/// `table`.
+pub(crate) fn value_table(table: &str) -> String {
+    format!("{table}_value")
+}
+
+/// The `CREATE TABLE` statements of the lock table `table`, its fencing
+/// counter table `<table>_fence` and the table of leaders' values
+/// `<table>_value`, for migrations.
 ///
 /// Names are `VARBINARY(256)` primary keys, so they compare byte for byte
 /// (`A` and `a`, `x` and `x `, are different names) and a `FOR UPDATE` on one
@@ -114,13 +168,14 @@ impl Sql {
 /// let ddl = lockcore_mysql::schema_sql("lockcore_locks").unwrap();
 /// assert!(ddl[0].contains("VARBINARY(256)"));
 /// assert!(ddl[1].contains("`lockcore_locks_fence`"));
+/// assert!(ddl[2].contains("`lockcore_locks_value`"));
 /// ```
 ///
 /// # Errors
 ///
 /// [`lockcore::ErrorKind::InvalidConfig`] for a table name that is not a
 /// plain identifier.
-pub fn schema_sql(table: &str) -> Result<[String; 2]> {
+pub fn schema_sql(table: &str) -> Result<[String; 3]> {
     check_table(table)
         .map_err(|why| Error::invalid_config(NAME, format!("table name {table:?}: {why}")))?;
     Ok([
@@ -129,6 +184,9 @@ pub fn schema_sql(table: &str) -> Result<[String; 2]> {
         ),
         format!(
             "CREATE TABLE IF NOT EXISTS `{table}_fence` (\n  `name` VARBINARY(256) NOT NULL,\n  `fence` BIGINT UNSIGNED NOT NULL,\n  `holder_conn` BIGINT UNSIGNED NULL,\n  `owner` CHAR(32) NULL,\n  PRIMARY KEY (`name`)\n) ENGINE=InnoDB"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS `{table}_value` (\n  `name` VARBINARY(256) NOT NULL,\n  `fence` BIGINT UNSIGNED NOT NULL,\n  `value` VARBINARY(1024) NOT NULL,\n  PRIMARY KEY (`name`)\n) ENGINE=InnoDB"
         ),
     ])
 }

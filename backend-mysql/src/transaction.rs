@@ -11,7 +11,7 @@ use crate::backend::MysqlBackend;
 use crate::config::NAME;
 use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::{Holding, LockConn};
-use crate::sql::FOREVER_CHUNK_SECS;
+use crate::sql::{is_user_lock_name, FOREVER_CHUNK_SECS};
 
 impl MysqlBackend {
     /// A connection with the holding transaction started; an idle pooled
@@ -297,15 +297,97 @@ impl MysqlBackend {
         .await
     }
 
-    /// Advances the name's fencing counter in its own autocommit statement on
-    /// another connection (an idle one of its own, see `idle.rs`),
-    /// recording the holder's connection id and owner. An idle connection
-    /// that died (a server restart) fails at once and the statement is sent
-    /// again on another: at worst the counter skips a value, and tokens
-    /// still rise.
+    /// Advances the name's fencing counter in its own autocommit statement
+    /// (see [`autocommit`](MysqlBackend::autocommit)), recording the
+    /// holder's connection id and owner.
     pub(crate) async fn next_fence(&self, name: &str, conn_id: u64, owner: String) -> Result<u64> {
+        let done = self
+            .autocommit(
+                Autocommit::Fence {
+                    name,
+                    conn_id,
+                    owner: &owner,
+                },
+                "advancing the fencing counter",
+            )
+            .await?;
+        match done.last_insert_id() {
+            0 => Err(Error::backend_error(
+                NAME,
+                "the fencing counter statement returned no value",
+            )),
+            f => Ok(f),
+        }
+    }
+
+    /// Records a candidate's value beside its lock, with the term (fencing
+    /// token) it belongs to, in its own autocommit statement.
+    pub(crate) async fn record_value(&self, name: &str, fence: u64, value: &str) -> Result<()> {
+        self.autocommit(
+            Autocommit::Value { name, fence, value },
+            "recording the leader's value",
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The holder of a lock publishes itself on its holding connection: it
+    /// takes the row's user lock (`GET_LOCK`), which ends with the
+    /// connection and which it lets go of before its row
+    /// ([`MysqlLease`](crate::lease::MysqlLease)'s release), so that
+    /// `IS_USED_LOCK` names the holder's connection
+    /// ([`Backend::inspect`](lockcore::backend::Backend::inspect)). A
+    /// previous holder whose connection died may keep it a moment after its
+    /// row (the server rolls back before it frees user locks), so this waits
+    /// for it up to the request timeout. Returns the user lock's name. The
+    /// round trip also proves the holding transaction alive.
+    pub(crate) async fn publish(&self, h: &mut Holding, row: &str) -> Result<String> {
         let sh = &self.shared;
-        let what = "advancing the fencing counter";
+        let what = "publishing the holder (GET_LOCK)";
+        let wait = sh.cfg.request_timeout.as_secs().max(1);
+        let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
+        let fut = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
+            .bind(wait)
+            .bind(row.as_bytes())
+            .fetch_one(h.conn()?);
+        let got = tokio::time::timeout(limit, fut)
+            .await
+            .map_err(|_| timed_out(what, &sh.server, limit))?
+            .map_err(|e| map_err(e, what, &sh.server))?;
+        let (taken, key) = (
+            got.try_get::<Option<i64>, _>(0)
+                .map_err(|e| map_err(e, what, &sh.server))?,
+            got.try_get::<String, _>(1)
+                .map_err(|e| map_err(e, what, &sh.server))?,
+        );
+        if !is_user_lock_name(&key) {
+            return Err(Error::backend_error(
+                NAME,
+                format!("the server named a user lock {key:?}, not one of ours"),
+            ));
+        }
+        match taken {
+            Some(1) => Ok(key),
+            _ => Err(Error::backend_error(
+                NAME,
+                format!(
+                    "user lock {key} of the row just locked was still held by another session after {wait} s; is a client of another version holding it?"
+                ),
+            )),
+        }
+    }
+
+    /// Runs `stmt` in its own autocommit statement on another connection
+    /// than the holding one (an idle one of its own, see `idle.rs`), so that
+    /// it never rolls back with a dead holder. An idle connection that died
+    /// (a server restart) fails at once and the statement is sent again on
+    /// another: at worst a counter skips a value, and tokens still rise.
+    async fn autocommit(
+        &self,
+        stmt: Autocommit<'_>,
+        what: &str,
+    ) -> Result<sqlx::mysql::MySqlQueryResult> {
+        let sh = &self.shared;
         let give_up = Instant::now() + sh.cfg.request_timeout;
         let mut tries = sh.cfg.pool_size + 1;
         loop {
@@ -320,12 +402,28 @@ impl MysqlBackend {
                         false,
                     ),
                 };
-                let done = sqlx::query(AssertSqlSafe(sh.sql.fence.clone()))
-                    .bind(name.as_bytes())
-                    .bind(conn_id)
-                    .bind(owner.as_str())
-                    .execute(&mut c)
-                    .await;
+                let done = match stmt {
+                    Autocommit::Fence {
+                        name,
+                        conn_id,
+                        owner,
+                    } => {
+                        sqlx::query(AssertSqlSafe(sh.sql.fence.clone()))
+                            .bind(name.as_bytes())
+                            .bind(conn_id)
+                            .bind(owner)
+                            .execute(&mut c)
+                            .await
+                    }
+                    Autocommit::Value { name, fence, value } => {
+                        sqlx::query(AssertSqlSafe(sh.sql.value.clone()))
+                            .bind(name.as_bytes())
+                            .bind(fence)
+                            .bind(value.as_bytes())
+                            .execute(&mut c)
+                            .await
+                    }
+                };
                 match done {
                     Ok(done) => {
                         sh.fence_idle.park(c);
@@ -338,23 +436,33 @@ impl MysqlBackend {
                     Err(e) => Err((false, map_err(e, what, &sh.server))),
                 }
             };
-            let done = match tokio::time::timeout(left, run).await {
-                Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
-                Ok(Ok(done)) => done,
+            return match tokio::time::timeout(left, run).await {
+                Err(_) => Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
+                Ok(Ok(done)) => Ok(done),
                 Ok(Err((true, _))) if tries > 1 => {
                     tries -= 1;
                     tracing::debug!("an idle connection was dead; sending again");
                     continue;
                 }
-                Ok(Err((_, e))) => return Err(e),
-            };
-            return match done.last_insert_id() {
-                0 => Err(Error::backend_error(
-                    NAME,
-                    "the fencing counter statement returned no value",
-                )),
-                f => Ok(f),
+                Ok(Err((_, e))) => Err(e),
             };
         }
     }
+}
+
+/// A statement [`autocommit`](MysqlBackend::autocommit) runs.
+#[derive(Debug, Clone, Copy)]
+enum Autocommit<'a> {
+    /// Advance `name`'s fencing counter for the holder `conn_id`, `owner`.
+    Fence {
+        name: &'a str,
+        conn_id: u64,
+        owner: &'a str,
+    },
+    /// Record `value` as the value of `name`'s holder of term `fence`.
+    Value {
+        name: &'a str,
+        fence: u64,
+        value: &'a str,
+    },
 }

@@ -96,6 +96,90 @@ async fn kill_holder_connection(ctx: Ctx) {
     g2.release().await.expect("release");
 }
 
+/// A leader whose session is killed on the server hands over to the
+/// candidate waiting behind it, round after round: the server rolls the
+/// dead session back (freeing the row) before it frees its user lock, so
+/// the successor must wait that moment out rather than fail. Each round the
+/// server names the successor with its value and term, and the row is held
+/// (a third client's try).
+async fn killed_leader_hands_over_with_its_value(ctx: Ctx) {
+    let (a, b, c) = (ctx.locker().await, ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("elect-killed");
+    let backend = MysqlBackend::connect(MysqlConfig::parse(&ctx.config).unwrap())
+        .await
+        .unwrap();
+    let mut sql = admin(&ctx).await;
+    let ea = lockcore::Election::new(&a, &name).expect("election");
+    let mut leading = ea
+        .try_campaign("first")
+        .await
+        .expect("campaign")
+        .expect("no one leads");
+    let mut killed = Vec::new();
+    for round in 0..8 {
+        let eb = lockcore::Election::new(&b, &name).expect("election");
+        let value = format!("round-{round}");
+        let next = {
+            let value = value.clone();
+            tokio::spawn(async move { eb.campaign(&value).await })
+        };
+        // The candidate waits on the row.
+        let t = Instant::now();
+        loop {
+            let waits: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%FOR UPDATE'",
+            )
+            .fetch_one(&mut sql)
+            .await
+            .expect("lock waits");
+            if waits >= 1 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "round {round}: no wait"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let id = backend
+            .holder_connection(&name)
+            .await
+            .expect("holder")
+            .expect("the leader is recorded");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+            .execute(&mut sql)
+            .await
+            .expect("KILL");
+        let next = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("the candidate leads soon after the KILL")
+            .expect("candidate task")
+            .unwrap_or_else(|e| panic!("round {round}: the candidate failed: {e}"));
+        let seen = ea.leader().await.expect("leader").expect("a leader");
+        assert_eq!(seen.value, value, "round {round}");
+        assert_eq!(seen.term, next.term(), "round {round}");
+        assert!(
+            next.term() > leading.term(),
+            "round {round}: term {:?} after {:?}",
+            next.term(),
+            leading.term()
+        );
+        assert!(
+            c.try_lock(&name).await.expect("try").is_none(),
+            "round {round}: the leader's row is free"
+        );
+        // The next round kills this one.
+        killed.push(std::mem::replace(&mut leading, next));
+    }
+    // Every killed leader learns it is lost.
+    let lost = futures_util::future::join_all(killed.iter().map(|l| l.lost()));
+    tokio::time::timeout(Duration::from_secs(30), lost)
+        .await
+        .expect("every killed leader's lost signal fires");
+    leading.resign().await.expect("resign");
+    assert_eq!(ea.leader().await.expect("leader"), None);
+}
+
 /// Names are byte-exact: case, trailing spaces and emoji make different
 /// locks and different rows.
 async fn names_are_byte_exact(ctx: Ctx) {
@@ -788,6 +872,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("kill_holder_connection", |ctx| {
             Box::pin(kill_holder_connection(ctx))
+        })
+        .case("killed_leader_hands_over_with_its_value", |ctx| {
+            Box::pin(killed_leader_hands_over_with_its_value(ctx))
         })
         .case(
             "share_and_update_locks_from_sql_are_readers_and_writers",
