@@ -18,7 +18,7 @@ use crate::error::{code, db_number, map_err, timed_out};
 use crate::idle::Idle;
 use crate::lease::MysqlLease;
 use crate::slots::counter_row;
-use crate::sql::{schema_sql, Sql, FOREVER_CHUNK_SECS};
+use crate::sql::{schema_sql, value_table, Sql, FOREVER_CHUNK_SECS};
 
 /// What the backend and its leases share.
 pub(crate) struct Shared {
@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     pub(crate) idle: Idle,
     /// Idle connections for the fencing counter (at most `aux_pool_size`).
     pub(crate) fence_idle: Idle,
+    /// Whether the table of leaders' values exists.
+    pub(crate) values: bool,
     pub(crate) aux: MySqlPool,
     pub(crate) server: String,
     pub(crate) sql: Sql,
@@ -119,7 +121,8 @@ impl MysqlBackend {
                 .map_err(|_| timed_out("connecting", &server, cfg.connect_timeout))?
                 .map_err(|e| map_err(e, "connecting", &server))?;
         if cfg.ensure_schema {
-            for ddl in schema_sql(&cfg.table)? {
+            let [locks, fences, values] = schema_sql(&cfg.table)?;
+            for ddl in [locks, fences] {
                 let fut = sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut probe);
                 tokio::time::timeout(cfg.request_timeout, fut)
                     .await
@@ -128,7 +131,25 @@ impl MysqlBackend {
                     })?
                     .map_err(|e| map_err(e, "creating the lock tables", &server))?;
             }
+            // The table of leaders' values came later: a deployment that
+            // may not create it still locks (it has no election).
+            let fut = sqlx::raw_sql(AssertSqlSafe(values)).execute(&mut probe);
+            match tokio::time::timeout(cfg.request_timeout, fut).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if db_number(&e).is_some() => {
+                    tracing::warn!(error = %e, "the table of leaders' values could not be created: no leader election");
+                }
+                Ok(Err(e)) => return Err(map_err(e, "creating the lock tables", &server)),
+                Err(_) => {
+                    return Err(timed_out(
+                        "creating the lock tables",
+                        &server,
+                        cfg.request_timeout,
+                    ))
+                }
+            }
         }
+        let values = has_table(&mut probe, &value_table(&cfg.table), &cfg, &server).await?;
         // MariaDB and MySQL spell a shared lock without waiting differently.
         let version = tokio::time::timeout(
             cfg.request_timeout,
@@ -156,11 +177,12 @@ impl MysqlBackend {
             .acquire_timeout(cfg.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(60)))
             .connect_lazy_with(opts.clone());
-        let sql = Sql::new(&cfg.table, &cfg.fence_table(), mariadb);
+        let sql = Sql::new(&cfg.table, &cfg.fence_table(), mariadb, values);
         Ok(MysqlBackend {
             shared: Arc::new(Shared {
                 idle: Idle::new(cfg.pool_size),
                 fence_idle: Idle::new(cfg.pool_size),
+                values,
                 cfg,
                 aux,
                 server,
@@ -173,6 +195,28 @@ impl MysqlBackend {
     /// The settings.
     pub fn config(&self) -> &MysqlConfig {
         &self.shared.cfg
+    }
+}
+
+/// Whether `table` exists and can be read (a missing or unreadable table is
+/// `false`, any other failure an error).
+async fn has_table(
+    conn: &mut MySqlConnection,
+    table: &str,
+    cfg: &MysqlConfig,
+    server: &str,
+) -> Result<bool> {
+    let what = "looking for the table of leaders' values";
+    let sql = format!("SELECT 1 FROM `{table}` LIMIT 0");
+    let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn);
+    match tokio::time::timeout(cfg.request_timeout, fut).await {
+        Ok(Ok(_)) => Ok(true),
+        Ok(Err(e)) if db_number(&e).is_some() => {
+            tracing::debug!(error = %e, "no table of leaders' values: no leader election");
+            Ok(false)
+        }
+        Ok(Err(e)) => Err(map_err(e, what, server)),
+        Err(_) => Err(timed_out(what, server, cfg.request_timeout)),
     }
 }
 
@@ -203,7 +247,7 @@ impl Backend for MysqlBackend {
         Capabilities::new(fencing, LeaseKind::Connection)
             .push_wakeup(true)
             .inspect(self.shared.cfg.fencing)
-            .values(self.shared.cfg.fencing)
+            .values(self.shared.cfg.fencing && self.shared.values)
             .rw_layout(self.shared.cfg.rwlock)
             .semaphore_layout(self.shared.cfg.semaphore)
     }
@@ -278,7 +322,7 @@ impl Backend for MysqlBackend {
             // them written.
             let sent = Instant::now();
             if exclusive {
-                user_lock = Some(self.publish(&mut h, &row).await?);
+                user_lock = self.publish(&mut h, &row).await?;
             } else {
                 self.prove_alive(&mut h).await?;
             }

@@ -14,10 +14,9 @@ use crate::error::{db_number, map_err, timed_out};
 use crate::holding::Holding;
 use crate::sql::waits;
 
-/// How many times inspection reads again when it catches a hand-over
-/// between the rows it read and the user lock (a new holder published
-/// itself in between).
-const INSPECT_READS: usize = 5;
+/// How long inspection waits, at most, between its reads when it catches a
+/// hand-over (see [`MysqlBackend::inspect_row`]): 10, 20, 40, 80 then 160 ms.
+const INSPECT_BACKOFF: [u64; 5] = [10, 20, 40, 80, 160];
 
 impl MysqlBackend {
     /// Who holds lock `name`: the session holding the row's user lock
@@ -26,49 +25,80 @@ impl MysqlBackend {
     /// Every holder writes its fencing row and value before it takes the
     /// user lock, and lets go of the user lock before its row, so a user
     /// lock held by the recorded connection is the current holding.
+    ///
+    /// The rows are read before the user lock is looked at, in one
+    /// statement: a new holder may come between the two. A user lock held
+    /// by a connection the fencing row does not name (a hand-over caught in
+    /// the middle, a dead holder's session not yet ended) is read again,
+    /// for up to about 300 ms; after that it is an error, not a holder
+    /// without a name (a session outside the library holds the user lock,
+    /// or a dropped acquisition's fencing row came late). A value row older
+    /// than the token (a candidate whose value was committed between the two
+    /// reads, or a plain lock's holder) is read once more.
     pub(crate) async fn inspect_row(&self, name: &str) -> Result<LockInfo> {
+        let mut waits = INSPECT_BACKOFF.iter();
+        let mut value_read_again = false;
+        loop {
+            let Some(seen) = self.read_holder(name).await? else {
+                return Ok(LockInfo::new(None, None));
+            };
+            if seen.recorded == Some(seen.using) {
+                let stale_value = seen.value_fence.is_some_and(|f| f < seen.fence);
+                if stale_value && !value_read_again {
+                    value_read_again = true;
+                    continue;
+                }
+                let value = seen
+                    .value
+                    .filter(|_| seen.value_fence == Some(seen.fence))
+                    .map(|v| String::from_utf8_lossy(&v).into_owned());
+                let holder = HolderInfo::new(seen.owner, Some(seen.fence), None).with_value(value);
+                return Ok(LockInfo::new(Some(holder), None));
+            }
+            match waits.next() {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+                None => {
+                    return Err(Error::backend_error(
+                        NAME,
+                        format!(
+                            "the user lock of {name:?} is held by connection {}, which its fencing row does not name ({:?}): a session outside this library holds it, or a holder's record came late; who holds the name cannot be told",
+                            seen.using, seen.recorded
+                        ),
+                    )
+                    .with_name(name))
+                }
+            }
+        }
+    }
+
+    /// One read of the rows and user lock of `name`: `None` when nothing
+    /// shows it held (no fencing row, or a free user lock).
+    async fn read_holder(&self, name: &str) -> Result<Option<Seen>> {
         let sh = &self.shared;
         let what = "inspecting the holder";
-        let mut reads = 0;
-        loop {
-            reads += 1;
-            let q = sqlx::query(AssertSqlSafe(sh.sql.inspect.clone()))
-                .bind(name.as_bytes())
-                .bind(name.as_bytes())
-                .fetch_optional(&sh.aux);
-            let row = tokio::time::timeout(sh.cfg.request_timeout, q)
-                .await
-                .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
-                .map_err(|e| map_err(e, what, &sh.server))?;
-            // Never locked with a fencing row: no holder we can see.
-            let Some(row) = row else {
-                return Ok(LockInfo::new(None, None));
-            };
-            let get = |e: sqlx::Error| map_err(e, what, &sh.server);
-            let fence: u64 = row.try_get(0).map_err(get)?;
-            let owner: Option<String> = row.try_get(1).map_err(get)?;
-            let recorded: Option<u64> = row.try_get(2).map_err(get)?;
-            let using: Option<u64> = row.try_get(3).map_err(get)?;
-            let value: Option<Vec<u8>> = row.try_get(4).map_err(get)?;
-            let value_fence: Option<u64> = row.try_get(5).map_err(get)?;
-            let Some(using) = using else {
-                return Ok(LockInfo::new(None, None));
-            };
-            if recorded == Some(using) {
-                let value = value
-                    .filter(|_| value_fence == Some(fence))
-                    .map(|v| String::from_utf8_lossy(&v).into_owned());
-                let holder = HolderInfo::new(owner, Some(fence), None).with_value(value);
-                return Ok(LockInfo::new(Some(holder), None));
-            }
-            if reads >= INSPECT_READS {
-                // Held, but not by the session recorded: say held, and no
-                // more.
-                let holder = HolderInfo::new(None, None, None);
-                return Ok(LockInfo::new(Some(holder), None));
-            }
-            tokio::task::yield_now().await;
-        }
+        let q = sqlx::query(AssertSqlSafe(sh.sql.inspect.clone()))
+            .bind(name.as_bytes())
+            .bind(name.as_bytes())
+            .fetch_optional(&sh.aux);
+        let row = tokio::time::timeout(sh.cfg.request_timeout, q)
+            .await
+            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
+            .map_err(|e| map_err(e, what, &sh.server))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let get = |e: sqlx::Error| map_err(e, what, &sh.server);
+        let Some(using) = row.try_get::<Option<u64>, _>(3).map_err(get)? else {
+            return Ok(None);
+        };
+        Ok(Some(Seen {
+            fence: row.try_get(0).map_err(get)?,
+            owner: row.try_get(1).map_err(get)?,
+            recorded: row.try_get(2).map_err(get)?,
+            using,
+            value: row.try_get(4).map_err(get)?,
+            value_fence: row.try_get(5).map_err(get)?,
+        }))
     }
 
     /// The server connection id (`CONNECTION_ID()`) of the session holding
@@ -230,4 +260,16 @@ impl MysqlBackend {
             None => Error::backend_error(NAME, "no lock-wait table"),
         })
     }
+}
+
+/// What one read of a held lock's rows and user lock showed.
+struct Seen {
+    fence: u64,
+    owner: Option<String>,
+    /// The connection the fencing row names.
+    recorded: Option<u64>,
+    /// The connection holding the user lock.
+    using: u64,
+    value: Option<Vec<u8>>,
+    value_fence: Option<u64>,
 }

@@ -104,18 +104,28 @@
 //! is one read: the fencing row and `IS_USED_LOCK` of the user lock; the
 //! name is held by the recorded owner, with its token, when the server
 //! shows the recorded connection holding the user lock (a read that catches
-//! a hand-over between the two reads again). The server frees a dead
-//! session's row before its user locks, so a new holder waits for the user
-//! lock up to the request timeout. No privilege is needed beyond the
-//! tables'. This makes [`lockcore::Election`] work on MySQL: a candidate
-//! with a value records it in `lockcore_locks_value` with its term before
-//! it takes the user lock, and inspection shows a value only beside the
-//! term it was recorded with, so [`Election::leader`](lockcore::Election::leader)
-//! never names a value with another leader's term. Waiters are not counted
-//! (`LockInfo::waiters` is `None`). Only clients with `fencing=strict` take
-//! the user lock: a holder with `fencing=none`, or a plain SQL session that
-//! locks the row, holds the name unseen, and `?fencing=none` has neither
-//! inspection nor elections.
+//! a hand-over between the two reads again, for up to about 300 ms). No
+//! privilege is needed beyond the tables'. This makes [`lockcore::Election`]
+//! work on MySQL: a candidate with a value records it in
+//! `lockcore_locks_value` with its term before it takes the user lock, and
+//! inspection shows a value only beside the term it was recorded with, so
+//! [`Election::leader`](lockcore::Election::leader) never names a value
+//! with another leader's term. Waiters are not counted (`LockInfo::waiters`
+//! is `None`).
+//!
+//! The row is what excludes; the user lock only names the holder. Any
+//! session may take a user lock (`GET_LOCK` needs no privilege), so a
+//! holder that finds its user lock taken by another session within a
+//! second (the server frees a dead session's row before its user locks)
+//! holds the name unpublished, and inspection, seeing a user lock held by
+//! a connection the fencing row does not name, answers with an error
+//! rather than a holder it cannot name. Only clients with `fencing=strict`
+//! take the user lock: a holder with `fencing=none`, a client of an
+//! earlier version, or a plain SQL session that locks the row holds the
+//! name unseen, and `?fencing=none` has neither inspection nor elections.
+//! A deployment that has not created `lockcore_locks_value` (with
+//! `ensure_schema=false`, or an account that may not create it) locks and
+//! inspects, and has no elections.
 //!
 //! **Round trips.** With fencing, an uncontended acquisition is four round
 //! trips: the transaction's start (`SET SESSION ...; START TRANSACTION;

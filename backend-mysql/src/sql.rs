@@ -57,11 +57,15 @@ pub(crate) struct Sql {
     pub(crate) insert_row: Arc<str>,
     pub(crate) fence: Arc<str>,
     pub(crate) holder: Arc<str>,
-    /// A candidate's value and term, recorded beside the fencing counter.
+    /// A candidate's value and term, recorded beside the fencing counter
+    /// (assignments run left to right: the value is compared with the term
+    /// before the term is raised). A late write of an older term, from a
+    /// candidate whose campaign was dropped, changes nothing.
     pub(crate) value: Arc<str>,
     /// The holder of a lock publishes itself: the user lock of its row
-    /// (`GET_LOCK`, waiting as many seconds as bound first), and the user
-    /// lock's name, for the release.
+    /// (`GET_LOCK`, waiting as many seconds as bound second), and the user
+    /// lock's name, for the release (no derived table: the server would
+    /// make a temporary table of it each time).
     pub(crate) publish: Arc<str>,
     /// Who holds a lock: its fencing row, value row, and the connection
     /// holding its user lock (`IS_USED_LOCK`).
@@ -93,8 +97,9 @@ pub(crate) fn is_user_lock_name(name: &str) -> bool {
 impl Sql {
     /// The statements for `table` and `fence` on a MariaDB server
     /// (`mariadb`) or a MySQL one, which spell a shared lock without
-    /// waiting differently.
-    pub(crate) fn new(table: &str, fence: &str, mariadb: bool) -> Self {
+    /// waiting differently; `values` when the table of leaders' values
+    /// exists.
+    pub(crate) fn new(table: &str, fence: &str, mariadb: bool, values: bool) -> Self {
         let value = value_table(table);
         let user_lock = user_lock_name(table);
         let (share_nowait, share_skip) = if mariadb {
@@ -134,17 +139,25 @@ impl Sql {
             holder: format!("SELECT `holder_conn` FROM `{fence}` WHERE `name` = ?").into(),
             value: format!(
                 "INSERT INTO `{value}` (`name`, `fence`, `value`) VALUES (?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE `fence` = VALUES(`fence`), `value` = VALUES(`value`)"
+                 ON DUPLICATE KEY UPDATE `value` = IF(VALUES(`fence`) > `fence`, VALUES(`value`), `value`), \
+                 `fence` = GREATEST(`fence`, VALUES(`fence`))"
             )
             .into(),
             publish: format!(
-                "SELECT CAST(GET_LOCK(`k`, ?) AS SIGNED), `k` FROM (SELECT {user_lock} AS `k`) AS `t`"
+                "SELECT CAST(GET_LOCK({user_lock}, ?) AS SIGNED), {user_lock}"
             )
             .into(),
-            inspect: format!(
-                "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), `v`.`value`, `v`.`fence` \
-                 FROM `{fence}` AS `f` LEFT JOIN `{value}` AS `v` ON `v`.`name` = `f`.`name` WHERE `f`.`name` = ?"
-            )
+            inspect: if values {
+                format!(
+                    "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), `v`.`value`, `v`.`fence` \
+                     FROM `{fence}` AS `f` LEFT JOIN `{value}` AS `v` ON `v`.`name` = `f`.`name` WHERE `f`.`name` = ?"
+                )
+            } else {
+                format!(
+                    "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), NULL, NULL \
+                     FROM `{fence}` AS `f` WHERE `f`.`name` = ?"
+                )
+            }
             .into(),
         }
     }

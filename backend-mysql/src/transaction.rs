@@ -336,17 +336,25 @@ impl MysqlBackend {
     /// connection and which it lets go of before its row
     /// ([`MysqlLease`](crate::lease::MysqlLease)'s release), so that
     /// `IS_USED_LOCK` names the holder's connection
-    /// ([`Backend::inspect`](lockcore::backend::Backend::inspect)). A
-    /// previous holder whose connection died may keep it a moment after its
-    /// row (the server rolls back before it frees user locks), so this waits
-    /// for it up to the request timeout. Returns the user lock's name. The
+    /// ([`Backend::inspect`](lockcore::backend::Backend::inspect)). The
     /// round trip also proves the holding transaction alive.
-    pub(crate) async fn publish(&self, h: &mut Holding, row: &str) -> Result<String> {
+    ///
+    /// Returns the user lock's name, or `None` when another session holds
+    /// it: the lock is granted all the same (the row is what excludes), and
+    /// inspection, which then finds the user lock held by a session the
+    /// fencing row does not name, says it cannot tell. Any session can take
+    /// a user lock, so one must never keep a holder from its row. A
+    /// previous holder whose connection died may keep it a moment after its
+    /// row (the server rolls back before it frees user locks), so this
+    /// gives it a second (also for a try: unpublished, the holder would be
+    /// unseen for its whole term).
+    pub(crate) async fn publish(&self, h: &mut Holding, row: &str) -> Result<Option<String>> {
         let sh = &self.shared;
         let what = "publishing the holder (GET_LOCK)";
-        let wait = sh.cfg.request_timeout.as_secs().max(1);
+        let wait: u64 = 1;
         let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
         let fut = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
+            .bind(row.as_bytes())
             .bind(wait)
             .bind(row.as_bytes())
             .fetch_one(h.conn()?);
@@ -360,20 +368,20 @@ impl MysqlBackend {
             got.try_get::<String, _>(1)
                 .map_err(|e| map_err(e, what, &sh.server))?,
         );
-        if !is_user_lock_name(&key) {
-            return Err(Error::backend_error(
+        match taken {
+            Some(1) if is_user_lock_name(&key) => Ok(Some(key)),
+            Some(1) => Err(Error::backend_error(
                 NAME,
                 format!("the server named a user lock {key:?}, not one of ours"),
-            ));
-        }
-        match taken {
-            Some(1) => Ok(key),
-            _ => Err(Error::backend_error(
-                NAME,
-                format!(
-                    "user lock {key} of the row just locked was still held by another session after {wait} s; is a client of another version holding it?"
-                ),
             )),
+            _ => {
+                tracing::warn!(
+                    row,
+                    key,
+                    "another session holds this lock's user lock: the lock is held, but inspection cannot name its holder"
+                );
+                Ok(None)
+            }
         }
     }
 

@@ -110,6 +110,26 @@ async fn killed_leader_hands_over_with_its_value(ctx: Ctx) {
         .unwrap();
     let mut sql = admin(&ctx).await;
     let ea = lockcore::Election::new(&a, &name).expect("election");
+    // An observer asks all along: whoever it is told leads is a candidate
+    // with its value and a term, never a holder without one.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let observer = {
+        let (e, stop) = (ea.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut asked = 0u32;
+            while !stop.is_cancelled() {
+                let seen = e.leader().await.expect("leader");
+                if let Some(l) = seen {
+                    assert!(
+                        l.term.is_some() && (l.value == "first" || l.value.starts_with("round-")),
+                        "an observer was told of {l:?}"
+                    );
+                }
+                asked += 1;
+            }
+            asked
+        })
+    };
     let mut leading = ea
         .try_campaign("first")
         .await
@@ -171,6 +191,9 @@ async fn killed_leader_hands_over_with_its_value(ctx: Ctx) {
         // The next round kills this one.
         killed.push(std::mem::replace(&mut leading, next));
     }
+    stop.cancel();
+    let asked = observer.await.expect("observer");
+    assert!(asked > 0);
     // Every killed leader learns it is lost.
     let lost = futures_util::future::join_all(killed.iter().map(|l| l.lost()));
     tokio::time::timeout(Duration::from_secs(30), lost)
@@ -178,6 +201,116 @@ async fn killed_leader_hands_over_with_its_value(ctx: Ctx) {
         .expect("every killed leader's lost signal fires");
     leading.resign().await.expect("resign");
     assert_eq!(ea.leader().await.expect("leader"), None);
+}
+
+/// The name of `name`'s user lock, as the backend names it (the database
+/// of `ctx`'s URL, the default table).
+async fn user_lock_of(sql: &mut sqlx::MySqlConnection, name: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT CONCAT('lockcore:', LEFT(SHA2(CONCAT(CAST(DATABASE() AS BINARY), 0x00, CAST('lockcore_locks' AS BINARY), 0x00, CAST(? AS BINARY)), 256), 55))",
+    )
+    .bind(name.as_bytes())
+    .fetch_one(sql)
+    .await
+    .expect("user lock name")
+}
+
+/// A session that takes a name's user lock itself (any account can:
+/// `GET_LOCK` needs no privilege) cannot keep anyone from the lock: a try
+/// is granted (after a second) and a wait on a held name is handed the row; only
+/// inspection is blind then, and says so with an error, not a leader it
+/// cannot name.
+async fn a_squatted_user_lock_blocks_no_lock(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("squatted");
+    let mut squatter = admin(&ctx).await;
+    let key = user_lock_of(&mut squatter, &name).await;
+    let got: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(&key)
+        .fetch_one(&mut squatter)
+        .await
+        .expect("GET_LOCK");
+    assert_eq!(got, 1, "the squatter holds {key}");
+    let t = Instant::now();
+    let g = a
+        .try_lock(&name)
+        .await
+        .expect("a try beside a squatter")
+        .expect("the name is free");
+    // It gives the user lock a second (a dead holder's session ends in a
+    // moment), then holds the name unpublished.
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the try took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        b.try_lock(&name).await.expect("try").is_none(),
+        "two holders"
+    );
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    g.release().await.expect("release");
+    let g = waiter
+        .await
+        .expect("waiter")
+        .expect("the waiter is handed the row beside a squatter");
+    assert!(
+        a.try_lock(&name).await.expect("try").is_none(),
+        "two holders"
+    );
+    let err = a
+        .inspect(&name)
+        .await
+        .expect_err("inspection cannot name the holder beside a squatter");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    g.release().await.expect("release");
+}
+
+/// A deployment whose tables predate leaders' values (`ensure_schema=false`,
+/// no `<table>_value`): locks and inspection work, and an election is
+/// refused as unsupported instead of failing on the server.
+async fn tables_without_values_still_inspect(ctx: Ctx) {
+    let table = format!("lc_noval_{}", std::process::id());
+    let mut sql = admin(&ctx).await;
+    for ddl in &lockcore_mysql::schema_sql(&table).expect("ddl")[..2] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl.clone()))
+            .execute(&mut sql)
+            .await
+            .expect("create");
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS `{table}_value`"
+    )))
+    .execute(&mut sql)
+    .await
+    .expect("drop");
+    let l = lockcore_mysql::connect(&with_opts(
+        &ctx,
+        &format!("table={table}&ensure_schema=false"),
+    ))
+    .await
+    .expect("connect");
+    let name = ctx.name("noval");
+    let g = l.try_lock(&name).await.expect("try").expect("free");
+    let info = l
+        .inspect(&name)
+        .await
+        .expect("inspect without a value table")
+        .expect("the backend inspects");
+    assert_eq!(info.holder.and_then(|h| h.fence), g.fence());
+    g.release().await.expect("release");
+    let err = lockcore::Election::new(&l, &name).expect_err("no election without values");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    for t in [table.clone(), format!("{table}_fence")] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE `{t}`")))
+            .execute(&mut sql)
+            .await
+            .expect("drop");
+    }
 }
 
 /// Names are byte-exact: case, trailing spaces and emoji make different
@@ -875,6 +1008,12 @@ fn main() -> std::process::ExitCode {
         })
         .case("killed_leader_hands_over_with_its_value", |ctx| {
             Box::pin(killed_leader_hands_over_with_its_value(ctx))
+        })
+        .case("a_squatted_user_lock_blocks_no_lock", |ctx| {
+            Box::pin(a_squatted_user_lock_blocks_no_lock(ctx))
+        })
+        .case("tables_without_values_still_inspect", |ctx| {
+            Box::pin(tables_without_values_still_inspect(ctx))
         })
         .case(
             "share_and_update_locks_from_sql_are_readers_and_writers",
