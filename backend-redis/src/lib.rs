@@ -18,8 +18,11 @@
 //! `"<owner token> <value>"`, set by the same script that takes the lock,
 //! with the lock key's expiry, and renewed with it. Inspection reports the
 //! value only when the token in it is the lock key's holder, so an earlier
-//! leader's value is never shown for a later one. RedLock keeps no values,
-//! so it has no leader election.
+//! leader's value is never shown for a later one. On RedLock a candidate's
+//! value follows its attempt token in the lock key's own value
+//! (`<owner token>.<attempt> <value>`), and the leader is the token a
+//! majority of masters hold, read from every master at once (see
+//! [`RedLockBackend`]); RedLock has no fencing, so a leadership has no term.
 //!
 //! **Fencing tokens.** The script that takes the lock also sets the counter
 //! to `max(counter + 1, server TIME in µs)` and keeps it for an hour after

@@ -26,6 +26,18 @@
 //! it back by `SET NX`, so restarts one after another never leave the
 //! holder on a minority.
 //!
+//! **Inspection and elections.** [`Backend::inspect`] reads the key and its
+//! pttl on every instance at once: the holder is the token held by a
+//! majority, for as long as a majority keeps it (the majority's shortest
+//! pttl); a token on a minority (an attempt under way or being undone, a
+//! lease expiring) is no holder, and fewer than a majority answering is
+//! [`ErrorKind::Unavailable`], never "free". A [`lockcore::Election`]
+//! candidate's value follows its attempt token after a space, in the key's
+//! own value, so it is set, renewed, compared and deleted with the key on
+//! each instance. A leader has no term (no fencing, below). With
+//! inspection, a semaphore built from locks also finds counts that
+//! disagree.
+//!
 //! **No fencing.** The instances are independent: no counter rises
 //! monotonically across them, and a token from one instance's counter can go
 //! backwards when another majority grants the next lease. The capability is
@@ -47,7 +59,7 @@ use tokio::sync::oneshot;
 use crate::backend::wait_turn;
 use crate::config::{RedisConfig, Topology, NAME};
 use crate::conn::{Conn, Managed};
-use crate::scripts::{ttl_ms, Keys, RELEASE, RENEW_OR_MISSING};
+use crate::scripts::{ttl_ms, Keys, HOLDER, RELEASE, RENEW_OR_MISSING};
 use crate::wake::{Subscription, Wakeups};
 
 /// One master: its connection (made in the background, replaced when it
@@ -335,7 +347,10 @@ impl Backend for RedLockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(Fencing::None, LeaseKind::Ttl).push_wakeup(true)
+        Capabilities::new(Fencing::None, LeaseKind::Ttl)
+            .push_wakeup(true)
+            .inspect(true)
+            .values(true)
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
@@ -348,7 +363,16 @@ impl Backend for RedLockBackend {
             // acquires with one owner again after a cut-off pass): the undo
             // of one attempt, if it comes late to an instance, never deletes
             // another attempt's key.
-            let token = format!("{}.{}", req.owner, ATTEMPTS.fetch_add(1, Ordering::Relaxed));
+            //
+            // A candidate's value follows its token after a space (tokens
+            // have none): the key's value is the whole, compared whole by
+            // every script, so the value lives and dies with the lease on
+            // each instance and inspection reads both in one.
+            let attempt = ATTEMPTS.fetch_add(1, Ordering::Relaxed);
+            let token = match req.value {
+                Some(v) => format!("{}.{attempt} {v}", req.owner),
+                None => format!("{}.{attempt}", req.owner),
+            };
             let started = Instant::now();
             let cleanup = CleanupOnDrop::new(
                 "release a cut-off RedLock attempt on every instance",
@@ -441,6 +465,86 @@ impl Backend for RedLockBackend {
             wait_turn(&mut subs, pttl, req.deadline).await;
         }
     }
+
+    /// Reads the key on every instance at once: the holder is the token a
+    /// majority of instances hold (with the value a candidate campaigned
+    /// with), alive for as long as a majority still holds it. A token on a
+    /// minority (an attempt under way or being undone, a lease expiring) is
+    /// no holder. No fencing token: RedLock has none.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unavailable`] when fewer than a majority of instances
+    /// answer within the response timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
+        let keys = Keys::new(&self.cfg.prefix, name);
+        let limit = self.cfg.response_timeout;
+        let views = join_all(self.instances.iter().map(|i| {
+            let (conn, key) = (i.conn.clone(), keys.lock.clone());
+            async move {
+                let c = Conn::Single(conn.clone());
+                let key = [key.as_str()];
+                let read = c.script::<(Option<String>, i64)>(&HOLDER, &key, &[]);
+                match tokio::time::timeout(limit, read).await {
+                    Ok(Ok(view)) => Some(view),
+                    Ok(Err(_)) => None,
+                    Err(_) => {
+                        conn.suspect_current();
+                        None
+                    }
+                }
+            }
+        }))
+        .await;
+        let answered = views.iter().flatten().count();
+        if answered < self.quorum() {
+            return Err(Error::unavailable(
+                NAME,
+                format!(
+                    "RedLock: only {answered} of {} instances answered within {limit:?} (a majority of {} is needed to tell who holds {name:?})",
+                    self.instances.len(),
+                    self.quorum()
+                ),
+            ));
+        }
+        Ok(Some(LockInfo::new(
+            majority_holder(&views, self.quorum()),
+            None,
+        )))
+    }
+}
+
+/// The holder the instances' views (`(token, pttl)`, `None` for one that did
+/// not answer) agree on: a token held by at least `quorum` of them, alive
+/// for as long as `quorum` of them keep it (the `quorum`-th longest pttl).
+fn majority_holder(views: &[Option<(Option<String>, i64)>], quorum: usize) -> Option<HolderInfo> {
+    let held: Vec<(&str, i64)> = views
+        .iter()
+        .flatten()
+        .filter_map(|(token, pttl)| token.as_deref().map(|t| (t, *pttl)))
+        .collect();
+    let (token, _) = held
+        .iter()
+        .find(|(t, _)| held.iter().filter(|(u, _)| u == t).count() >= quorum)?;
+    let mut pttls: Vec<i64> = held
+        .iter()
+        .filter(|(u, _)| u == token)
+        .map(|(_, p)| *p)
+        .collect();
+    pttls.sort_unstable_by(|a, b| b.cmp(a));
+    let ttl = pttls
+        .get(quorum.saturating_sub(1))
+        .and_then(|p| u64::try_from(*p).ok())
+        .map(Duration::from_millis);
+    let (owner, value) = match token.split_once(' ') {
+        Some((owner, value)) => (owner, Some(value.to_owned())),
+        None => (*token, None),
+    };
+    Some(HolderInfo::new(Some(owner.to_owned()), None, ttl).with_value(value))
 }
 
 #[derive(Debug)]

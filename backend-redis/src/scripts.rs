@@ -115,6 +115,12 @@ pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// One instance's view of a RedLock key: its value (the holder's token) and
+/// its pttl.
+pub(crate) static HOLDER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(r"return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}")
+});
+
 /// The Redis keys of one lock name.
 ///
 /// A name maps to `<prefix>{<name>}` (the lock key, holding the owner token

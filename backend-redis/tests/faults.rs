@@ -346,6 +346,71 @@ async fn redlock_majority_rules(ctx: Ctx) {
     }
 }
 
+/// The RedLock leader is the token a majority of masters hold, as the
+/// masters themselves say: a key on two of five is no leader, on three it
+/// is (with the value after its token); with two masters down the leader
+/// is still named, with three down the answer is `Unavailable`, not "no
+/// leader".
+async fn redlock_leader_is_the_majority_holder(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let hosts = redlock_hosts();
+    assert_eq!(hosts.len(), 5, "five masters");
+    let stray = ctx.name("stray");
+    let key = lockcore_redis::lock_key("lock:", &stray);
+    let election = lockcore::Election::new(&l, &stray).expect("election");
+    for (n, host) in hosts.iter().enumerate() {
+        let mut c = admin(&format!("redis://{host}")).await;
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg("stray.1 host-x")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut c)
+            .await
+            .expect("SET");
+        let seen = election.leader().await.expect("leader");
+        if n + 1 < 3 {
+            assert_eq!(seen, None, "a key on {} of 5 named a leader", n + 1);
+        } else {
+            let seen = seen.expect("a key on a majority is the leader");
+            assert_eq!((seen.value.as_str(), seen.term), ("host-x", None));
+        }
+    }
+    for host in &hosts {
+        let mut c = admin(&format!("redis://{host}")).await;
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .expect("DEL");
+    }
+    assert_eq!(election.leader().await.expect("leader"), None);
+
+    let name = ctx.name("majority-leader");
+    let election = lockcore::Election::new(&l, &name).expect("election");
+    let leading = election
+        .try_campaign("host-a")
+        .await
+        .expect("campaign")
+        .expect("no one leads");
+    let _restart = UndoOnDrop::new("start", &["redlock-3", "redlock-4", "redlock-5"]);
+    compose("kill", "redlock-4").await;
+    compose("kill", "redlock-5").await;
+    let seen = election
+        .leader()
+        .await
+        .expect("3 of 5 answer")
+        .expect("a leader");
+    assert_eq!(seen.value, "host-a");
+    compose("kill", "redlock-3").await;
+    let err = election
+        .leader()
+        .await
+        .expect_err("2 of 5 cannot say who leads");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    drop(leading);
+}
+
 /// A RedLock holder keeps its majority while its instances restart one
 /// after another without persistence (redsync #149: extensions landed on a
 /// minority after restarts, and the lock was lost or, worse, believed held):
@@ -873,6 +938,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("redlock_majority_rules", |ctx| {
             Box::pin(redlock_majority_rules(ctx))
+        })
+        .case("redlock_leader_is_the_majority_holder", |ctx| {
+            Box::pin(redlock_leader_is_the_majority_holder(ctx))
         })
         .case("redlock_renewal_survives_restarts", |ctx| {
             Box::pin(redlock_renewal_survives_restarts(ctx))

@@ -6,8 +6,9 @@
 //! holder of that lock, and its value is stored with the lease on the
 //! server (the key's value on etcd, which is the layout of etcd's
 //! `concurrency.Election` and so of `etcdctl elect`; the node's data on
-//! ZooKeeper; a key beside the lock key on Redis; a row of a table beside
-//! the lock table on MySQL). So a leader has every
+//! ZooKeeper; a key beside the lock key on Redis, the lock key's own value
+//! after the holder's token on RedLock; a row of a table beside the lock
+//! table on MySQL). So a leader has every
 //! promise of that backend's lock: the watchdog renews its lease, the lost
 //! signal fires when the lease is gone, campaigns are queued in the lock's
 //! order (arrival order on ZooKeeper and etcd), and a dropped campaign
