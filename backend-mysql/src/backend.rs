@@ -198,8 +198,8 @@ impl MysqlBackend {
     }
 }
 
-/// Whether `table` exists and can be read (a missing or unreadable table is
-/// `false`, any other failure an error).
+/// Whether `table` exists and can be written (a missing one, or one this
+/// account may not write, is `false`; any other failure an error).
 async fn has_table(
     conn: &mut MySqlConnection,
     table: &str,
@@ -207,12 +207,20 @@ async fn has_table(
     server: &str,
 ) -> Result<bool> {
     let what = "looking for the table of leaders' values";
-    let sql = format!("SELECT 1 FROM `{table}` LIMIT 0");
+    // Writes no row (`WHERE FALSE`), but is checked as an insert.
+    let sql = format!(
+        "INSERT INTO `{table}` (`name`, `fence`, `value`) SELECT '', 0, '' FROM DUAL WHERE FALSE"
+    );
     let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn);
     match tokio::time::timeout(cfg.request_timeout, fut).await {
         Ok(Ok(_)) => Ok(true),
-        Ok(Err(e)) if db_number(&e).is_some() => {
-            tracing::debug!(error = %e, "no table of leaders' values: no leader election");
+        Ok(Err(e))
+            if matches!(
+                db_number(&e),
+                Some(code::NO_SUCH_TABLE | code::TABLE_ACCESS_DENIED)
+            ) =>
+        {
+            tracing::warn!(error = %e, "no table of leaders' values this account may write: no leader election");
             Ok(false)
         }
         Ok(Err(e)) => Err(map_err(e, what, server)),
@@ -303,7 +311,6 @@ impl Backend for MysqlBackend {
             return Ok(None);
         };
         let conn_id = h.id.unwrap_or_default();
-        let mut user_lock = None;
         let (fence, sent) = if sh.cfg.fencing {
             // The fencing counter: advanced while the row is locked, in its
             // own committed statement, so it never rolls back with a dead
@@ -322,7 +329,15 @@ impl Backend for MysqlBackend {
             // them written.
             let sent = Instant::now();
             if exclusive {
-                user_lock = self.publish(&mut h, &row).await?;
+                // A second for a dying previous holder's user lock, unless
+                // that would reach past the deadline (a renewal takes it
+                // then).
+                let wait = match req.deadline {
+                    Deadline::Now => 0,
+                    Deadline::At(t) if t <= Instant::now() + Duration::from_secs(1) => 0,
+                    _ => 1,
+                };
+                self.publish(&mut h, &row, wait).await?;
             } else {
                 self.prove_alive(&mut h).await?;
             }
@@ -339,12 +354,13 @@ impl Backend for MysqlBackend {
             (None, sent)
         };
         tracing::debug!(name = req.name, row, ?fence, conn_id, "row lock taken");
+        let publish = sh.cfg.fencing && matches!(req.mode, Mode::Exclusive);
         Ok(Some(Grant {
             lease: Box::new(MysqlLease {
                 shared: sh,
                 name: row,
                 conn_id,
-                user_lock,
+                publish,
                 ttl_secs: AtomicU64::new(ttl),
                 lost: req.lost.clone(),
                 conn: Arc::new(tokio::sync::Mutex::new(Some(h))),

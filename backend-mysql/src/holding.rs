@@ -34,6 +34,9 @@ pub(crate) struct Holding {
     pub(crate) id: Option<u64>,
     pub(crate) dirty: bool,
     pub(crate) kill_on_drop: bool,
+    /// The user lock this connection holds for the lock it holds, if any
+    /// (see `MysqlBackend::publish`): let go of before the row.
+    pub(crate) user_lock: Option<String>,
     shared: Arc<Shared>,
 }
 
@@ -44,6 +47,7 @@ impl Holding {
             id: None,
             dirty: false,
             kill_on_drop: true,
+            user_lock: None,
             shared,
         }
     }

@@ -13,15 +13,16 @@ use crate::backend::Shared;
 use crate::config::NAME;
 use crate::holding::Holding;
 use crate::sql::is_user_lock_name;
+use crate::transaction::publish;
 
 /// A held row lock: the open transaction on its pinned connection.
 pub(crate) struct MysqlLease {
     pub(crate) shared: Arc<Shared>,
     pub(crate) name: String,
     pub(crate) conn_id: u64,
-    /// The user lock a lock's holder published itself with (see
-    /// `MysqlBackend::publish`), let go of before the row.
-    pub(crate) user_lock: Option<String>,
+    /// Whether the holder publishes itself with a user lock (a lock's,
+    /// with fencing): one that found it taken tries again at each renewal.
+    pub(crate) publish: bool,
     pub(crate) ttl_secs: AtomicU64,
     pub(crate) lost: CancellationToken,
     pub(crate) conn: Arc<tokio::sync::Mutex<Option<Holding>>>,
@@ -56,6 +57,24 @@ impl BackendLease for MysqlLease {
         let secs = whole_seconds(ttl);
         let limit = self.shared.cfg.request_timeout.min(ttl);
         let sent = Instant::now();
+        if self.publish && h.user_lock.is_none() && secs == self.ttl_secs.load(Ordering::Relaxed) {
+            // Unpublished (another session held the user lock): try again,
+            // without waiting; the round trip is the keepalive.
+            return match tokio::time::timeout(limit, publish(&self.shared, h, &self.name, 0)).await
+            {
+                Ok(Ok(())) => Ok(Renewal::Renewed {
+                    valid_until: validity_deadline(sent, ttl),
+                }),
+                Ok(Err(e)) => {
+                    self.broken(&mut slot, &e.to_string());
+                    Ok(Renewal::Lost)
+                }
+                Err(_) => {
+                    self.broken(&mut slot, "the keepalive did not answer in time");
+                    Ok(Renewal::Lost)
+                }
+            };
+        }
         let conn = h.conn()?;
         let res = if secs == self.ttl_secs.load(Ordering::Relaxed) {
             tokio::time::timeout(limit, sqlx::query("SELECT 1").fetch_one(conn))
@@ -93,7 +112,7 @@ impl BackendLease for MysqlLease {
         drop(slot);
         let rt = self.shared.cfg.request_timeout;
         // The user lock first: a later holder never finds it taken.
-        let sql = match &self.user_lock {
+        let sql = match &h.user_lock {
             Some(key) if is_user_lock_name(key) => {
                 format!("DO RELEASE_LOCK('{key}'); ROLLBACK; SET SESSION wait_timeout = DEFAULT")
             }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use lockcore::backend::prelude::*;
 use sqlx::{AssertSqlSafe, Connection, Row};
 
-use crate::backend::MysqlBackend;
+use crate::backend::{MysqlBackend, Shared};
 use crate::config::NAME;
 use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::{Holding, LockConn};
@@ -339,52 +339,66 @@ impl MysqlBackend {
     /// ([`Backend::inspect`](lockcore::backend::Backend::inspect)). The
     /// round trip also proves the holding transaction alive.
     ///
-    /// Returns the user lock's name, or `None` when another session holds
-    /// it: the lock is granted all the same (the row is what excludes), and
+    /// Keeps the user lock's name in the holding (`Holding::user_lock`),
+    /// none when another session holds it: the lock is granted all the same (the row is what excludes), and
     /// inspection, which then finds the user lock held by a session the
     /// fencing row does not name, says it cannot tell. Any session can take
     /// a user lock, so one must never keep a holder from its row. A
     /// previous holder whose connection died may keep it a moment after its
-    /// row (the server rolls back before it frees user locks), so this
-    /// gives it a second (also for a try: unpublished, the holder would be
-    /// unseen for its whole term).
-    pub(crate) async fn publish(&self, h: &mut Holding, row: &str) -> Result<Option<String>> {
-        let sh = &self.shared;
-        let what = "publishing the holder (GET_LOCK)";
-        let wait: u64 = 1;
-        let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
-        let fut = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
-            .bind(row.as_bytes())
-            .bind(wait)
-            .bind(row.as_bytes())
-            .fetch_one(h.conn()?);
-        let got = tokio::time::timeout(limit, fut)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, limit))?
-            .map_err(|e| map_err(e, what, &sh.server))?;
-        let (taken, key) = (
-            got.try_get::<Option<i64>, _>(0)
-                .map_err(|e| map_err(e, what, &sh.server))?,
-            got.try_get::<String, _>(1)
-                .map_err(|e| map_err(e, what, &sh.server))?,
-        );
-        match taken {
-            Some(1) if is_user_lock_name(&key) => Ok(Some(key)),
-            Some(1) => Err(Error::backend_error(
-                NAME,
-                format!("the server named a user lock {key:?}, not one of ours"),
-            )),
-            _ => {
+    /// row (the server rolls back before it frees user locks), so an
+    /// acquisition with time to spare gives it `wait` seconds; one left
+    /// unpublished tries again at each renewal
+    /// ([`MysqlLease`](crate::lease::MysqlLease)), with no wait.
+    pub(crate) async fn publish(&self, h: &mut Holding, row: &str, wait: u64) -> Result<()> {
+        publish(&self.shared, h, row, wait).await
+    }
+}
+
+/// See [`MysqlBackend::publish`]: the user lock's name is kept in
+/// [`Holding::user_lock`], `None` when another session holds it.
+pub(crate) async fn publish(sh: &Shared, h: &mut Holding, row: &str, wait: u64) -> Result<()> {
+    let what = "publishing the holder (GET_LOCK)";
+    let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
+    let fut = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
+        .bind(row.as_bytes())
+        .bind(wait)
+        .bind(row.as_bytes())
+        .fetch_one(h.conn()?);
+    let got = tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| timed_out(what, &sh.server, limit))?
+        .map_err(|e| map_err(e, what, &sh.server))?;
+    let (taken, key) = (
+        got.try_get::<Option<i64>, _>(0)
+            .map_err(|e| map_err(e, what, &sh.server))?,
+        got.try_get::<String, _>(1)
+            .map_err(|e| map_err(e, what, &sh.server))?,
+    );
+    match taken {
+        Some(1) if is_user_lock_name(&key) => {
+            h.user_lock = Some(key);
+            Ok(())
+        }
+        Some(1) => Err(Error::backend_error(
+            NAME,
+            format!("the server named a user lock {key:?}, not one of ours"),
+        )),
+        _ => {
+            if wait > 0 {
                 tracing::warn!(
-                    row,
-                    key,
-                    "another session holds this lock's user lock: the lock is held, but inspection cannot name its holder"
-                );
-                Ok(None)
+                        row,
+                        key,
+                        "another session holds this lock's user lock: the lock is held, but inspection cannot name its holder until a renewal takes it"
+                    );
+            } else {
+                tracing::debug!(row, key, "this lock's user lock is still another session's");
             }
+            Ok(())
         }
     }
+}
 
+impl MysqlBackend {
     /// Runs `stmt` in its own autocommit statement on another connection
     /// than the holding one (an idle one of its own, see `idle.rs`), so that
     /// it never rolls back with a dead holder. An idle connection that died

@@ -219,7 +219,8 @@ async fn user_lock_of(sql: &mut sqlx::MySqlConnection, name: &str) -> String {
 /// `GET_LOCK` needs no privilege) cannot keep anyone from the lock: a try
 /// is granted (after a second) and a wait on a held name is handed the row; only
 /// inspection is blind then, and says so with an error, not a leader it
-/// cannot name.
+/// cannot name; once the squatter lets go, the holder publishes itself at
+/// its next renewal.
 async fn a_squatted_user_lock_blocks_no_lock(ctx: Ctx) {
     let (a, b) = (ctx.locker().await, ctx.locker().await);
     let name = ctx.name("squatted");
@@ -250,14 +251,19 @@ async fn a_squatted_user_lock_blocks_no_lock(ctx: Ctx) {
     );
     let waiter = {
         let (b, name) = (b.clone(), name.clone());
-        tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(20)).await })
+        // A short ttl: renewals come every second or so.
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(3))
+            .wait(Wait::For(Duration::from_secs(20)));
+        tokio::spawn(async move { b.acquire(&name, &opts).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     g.release().await.expect("release");
     let g = waiter
         .await
         .expect("waiter")
-        .expect("the waiter is handed the row beside a squatter");
+        .expect("the waiter is handed the row beside a squatter")
+        .expect("not a try");
     assert!(
         a.try_lock(&name).await.expect("try").is_none(),
         "two holders"
@@ -267,6 +273,28 @@ async fn a_squatted_user_lock_blocks_no_lock(ctx: Ctx) {
         .await
         .expect_err("inspection cannot name the holder beside a squatter");
     assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    // The squatter lets go: the holder publishes itself at a renewal, and
+    // inspection names it again (not "free" for the rest of its term).
+    let fence = g.fence();
+    let () = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+        .bind(&key)
+        .fetch_one(&mut squatter)
+        .await
+        .map(|_: i64| ())
+        .expect("RELEASE_LOCK");
+    let t = Instant::now();
+    loop {
+        let info = a.inspect(&name).await.expect("inspect").expect("inspects");
+        if let Some(h) = info.holder {
+            assert_eq!(h.fence, fence, "inspect names another holder");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "a held name shown free after the squatter left"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     g.release().await.expect("release");
 }
 

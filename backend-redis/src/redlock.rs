@@ -74,8 +74,9 @@ struct Instance {
 static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 
 /// Locks by RedLock over independent Redis masters. Each attempt writes
-/// `<owner token>.<attempt number>` as the key's value: a token of its own,
-/// never reused in the process.
+/// `<owner token>.<attempt number>` as the key's value (followed by a space
+/// and the value an election's candidate campaigns with): a token of its
+/// own, never reused in the process.
 #[derive(Debug)]
 pub struct RedLockBackend {
     instances: std::sync::Arc<Vec<Instance>>,
@@ -488,9 +489,13 @@ impl Backend for RedLockBackend {
             async move {
                 let c = Conn::Single(conn.clone());
                 let key = [key.as_str()];
-                let read = c.script::<(Option<String>, i64)>(&HOLDER, &key, &[]);
+                // Bytes: a key another client wrote need not be UTF-8.
+                let read = c.script::<(Option<Vec<u8>>, i64)>(&HOLDER, &key, &[]);
                 match tokio::time::timeout(limit, read).await {
-                    Ok(Ok(view)) => Some(view),
+                    Ok(Ok((token, pttl))) => Some((
+                        token.map(|t| String::from_utf8_lossy(&t).into_owned()),
+                        pttl,
+                    )),
                     Ok(Err(_)) => None,
                     Err(_) => {
                         conn.suspect_current();

@@ -385,6 +385,32 @@ async fn redlock_leader_is_the_majority_holder(ctx: Ctx) {
             .expect("DEL");
     }
     assert_eq!(election.leader().await.expect("leader"), None);
+    // Another client's token need not be UTF-8: it is a holder all the
+    // same, not an instance that did not answer.
+    for host in &hosts[..3] {
+        let mut c = admin(&format!("redis://{host}")).await;
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg(&b"\xff\xfe"[..])
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut c)
+            .await
+            .expect("SET");
+    }
+    let info = l.inspect(&stray).await.expect("inspect").expect("inspects");
+    assert!(
+        info.holder.is_some(),
+        "a majority's binary token is no holder"
+    );
+    for host in &hosts {
+        let mut c = admin(&format!("redis://{host}")).await;
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .expect("DEL");
+    }
 
     let name = ctx.name("majority-leader");
     let election = lockcore::Election::new(&l, &name).expect("election");

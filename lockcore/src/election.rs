@@ -23,7 +23,9 @@
 //! [`Observer::every`] (100 ms by default): it follows the leader, not
 //! every leadership. One shorter than the interval can be missed, and
 //! since terms are fencing tokens, which rise but skip values, a missed
-//! one does not show as a gap.
+//! one does not show as a gap. A change is another value or term: where
+//! the backend has no terms (RedLock), a hand-over between two candidates
+//! of the same value is not one.
 //!
 //! **Reentrancy.** None: every campaign is a new owner, so a second campaign
 //! from the same process waits behind the first like any other.
