@@ -12,6 +12,7 @@ use sqlx::mysql::{
 };
 use sqlx::{AssertSqlSafe, Connection};
 
+use crate::aux_pool::AuxConn;
 use crate::config::{check_table, MysqlConfig, NAME};
 use crate::error::{code, db_number, map_err, timed_out};
 
@@ -56,8 +57,14 @@ impl Shared {
         } else {
             format!("KILL {id}")
         };
-        let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&self.aux);
-        match tokio::time::timeout(self.cfg.request_timeout, fut).await {
+        let what = "KILL of a lock connection";
+        let mut aux = AuxConn::take(self, what).await?;
+        let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(aux.conn()?);
+        let done = tokio::time::timeout(self.cfg.request_timeout, fut).await;
+        if done.is_ok() {
+            aux.finished();
+        }
+        match done {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if db_number(&e) == Some(code::NO_SUCH_THREAD) => Ok(()),
             Ok(Err(e)) => Err(map_err(e, "KILL of a lock connection", &self.server)),

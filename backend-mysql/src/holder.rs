@@ -8,6 +8,7 @@ use lockcore::backend::{HolderInfo, LockInfo};
 use lockcore::{Deadline, Error, Result};
 use sqlx::{AssertSqlSafe, Row};
 
+use crate::aux_pool::AuxConn;
 use crate::backend::MysqlBackend;
 use crate::config::NAME;
 use crate::error::{db_number, map_err, timed_out};
@@ -76,14 +77,16 @@ impl MysqlBackend {
     async fn read_holder(&self, name: &str) -> Result<Option<Seen>> {
         let sh = &self.shared;
         let what = "inspecting the holder";
+        let mut aux = AuxConn::take(sh, what).await?;
         let q = sqlx::query(AssertSqlSafe(sh.sql.inspect.clone()))
             .bind(name.as_bytes())
             .bind(name.as_bytes())
-            .fetch_optional(&sh.aux);
+            .fetch_optional(aux.conn()?);
         let row = tokio::time::timeout(sh.cfg.request_timeout, q)
             .await
-            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
-            .map_err(|e| map_err(e, what, &sh.server))?;
+            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?;
+        aux.finished();
+        let row = row.map_err(|e| map_err(e, what, &sh.server))?;
         let Some(row) = row else {
             return Ok(None);
         };
@@ -219,13 +222,15 @@ impl MysqlBackend {
     /// The connection id recorded in the fencing row of `name`.
     async fn recorded_holder(&self, name: &str) -> Result<Option<u64>> {
         let sh = &self.shared;
+        let mut aux = AuxConn::take(sh, "reading the holder").await?;
         let q = sqlx::query(AssertSqlSafe(sh.sql.holder.clone()))
             .bind(name.as_bytes())
-            .fetch_optional(&sh.aux);
+            .fetch_optional(aux.conn()?);
         let row = tokio::time::timeout(sh.cfg.request_timeout, q)
             .await
-            .map_err(|_| timed_out("reading the holder", &sh.server, sh.cfg.request_timeout))?
-            .map_err(|e| map_err(e, "reading the holder", &sh.server))?;
+            .map_err(|_| timed_out("reading the holder", &sh.server, sh.cfg.request_timeout))?;
+        aux.finished();
+        let row = row.map_err(|e| map_err(e, "reading the holder", &sh.server))?;
         Ok(row.and_then(|r| r.try_get::<Option<u64>, _>(0).ok().flatten()))
     }
 
@@ -235,8 +240,13 @@ impl MysqlBackend {
         let sh = &self.shared;
         let mut last = None;
         for sql in [waits::BLOCKERS_MARIADB, waits::BLOCKERS_MYSQL8] {
-            let q = sqlx::query(sql).bind(waiter).fetch_all(&sh.aux);
-            match tokio::time::timeout(sh.cfg.request_timeout, q).await {
+            let mut aux = AuxConn::take(sh, "reading the lock waits").await?;
+            let q = sqlx::query(sql).bind(waiter).fetch_all(aux.conn()?);
+            let done = tokio::time::timeout(sh.cfg.request_timeout, q).await;
+            if done.is_ok() {
+                aux.finished();
+            }
+            match done {
                 Err(_) => {
                     return Err(timed_out(
                         "reading the lock waits",

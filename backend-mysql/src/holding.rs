@@ -37,6 +37,10 @@ pub(crate) struct Holding {
     /// The user lock this connection holds for the lock it holds, if any
     /// (see `MysqlBackend::publish`): let go of before the row.
     pub(crate) user_lock: Option<String>,
+    /// A statement was sent and its reply not read (a renewal cut off
+    /// while the holding stayed with the lease): the connection can no
+    /// longer be used.
+    pub(crate) in_flight: bool,
     shared: Arc<Shared>,
 }
 
@@ -48,6 +52,7 @@ impl Holding {
             dirty: false,
             kill_on_drop: true,
             user_lock: None,
+            in_flight: false,
             shared,
         }
     }

@@ -54,6 +54,13 @@ impl BackendLease for MysqlLease {
         let Some(h) = slot.as_mut() else {
             return Ok(Renewal::Lost);
         };
+        if h.in_flight {
+            self.broken(&mut slot, "an earlier renewal was cut off mid-statement");
+            return Ok(Renewal::Lost);
+        }
+        // Cleared once the reply is read: a renewal dropped before that
+        // leaves the connection marked.
+        h.in_flight = true;
         let secs = whole_seconds(ttl);
         let limit = self.shared.cfg.request_timeout.min(ttl);
         let sent = Instant::now();
@@ -62,9 +69,12 @@ impl BackendLease for MysqlLease {
             // without waiting; the round trip is the keepalive.
             return match tokio::time::timeout(limit, publish(&self.shared, h, &self.name, 0)).await
             {
-                Ok(Ok(())) => Ok(Renewal::Renewed {
-                    valid_until: validity_deadline(sent, ttl),
-                }),
+                Ok(Ok(())) => {
+                    h.in_flight = false;
+                    Ok(Renewal::Renewed {
+                        valid_until: validity_deadline(sent, ttl),
+                    })
+                }
                 Ok(Err(e)) => {
                     self.broken(&mut slot, &e.to_string());
                     Ok(Renewal::Lost)
@@ -88,6 +98,9 @@ impl BackendLease for MysqlLease {
         };
         match res {
             Ok(Ok(())) => {
+                if let Some(h) = slot.as_mut() {
+                    h.in_flight = false;
+                }
                 self.ttl_secs.store(secs, Ordering::Relaxed);
                 Ok(Renewal::Renewed {
                     valid_until: validity_deadline(sent, ttl),
@@ -110,13 +123,35 @@ impl BackendLease for MysqlLease {
             return Ok(Released::NotHeld);
         };
         drop(slot);
+        if h.in_flight {
+            // A renewal was cut off mid-statement and its reply is unread:
+            // the connection is closed and its session ended, which rolls
+            // the transaction back (and frees the user lock).
+            let id = h.id;
+            h.kill_on_drop = false;
+            drop(h);
+            if let Some(id) = id {
+                self.shared.kill(id, false).await?;
+            }
+            return Ok(Released::Released);
+        }
         let rt = self.shared.cfg.request_timeout;
         // The user lock first: a later holder never finds it taken.
         let sql = match &h.user_lock {
             Some(key) if is_user_lock_name(key) => {
                 format!("DO RELEASE_LOCK('{key}'); ROLLBACK; SET SESSION wait_timeout = DEFAULT")
             }
-            _ => "ROLLBACK; SET SESSION wait_timeout = DEFAULT".to_owned(),
+            Some(key) => {
+                // Never the case (checked when taken): closed, dirty, which
+                // frees all it holds.
+                return Err(Error::backend_error(
+                    NAME,
+                    format!(
+                        "a user lock named {key:?} cannot be released; the connection was closed"
+                    ),
+                ));
+            }
+            None => "ROLLBACK; SET SESSION wait_timeout = DEFAULT".to_owned(),
         };
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(h.conn()?);
         match tokio::time::timeout(rt, fut).await {

@@ -176,6 +176,7 @@
 //! # Ok(()) }
 //! ```
 
+mod aux_pool;
 mod backend;
 pub mod config;
 mod error;

@@ -866,6 +866,57 @@ async fn dropped_guard_frees_row_promptly(ctx: Ctx) {
     }
 }
 
+/// Panics anywhere in this process since the hook was installed.
+static PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A renewal cut off at the validity deadline (the server paused) leaves
+/// its reply unread on the holding connection. The release that follows
+/// must not read it as its own (the driver misreads it and panics): it
+/// closes that connection and ends its session instead, and the name is
+/// free once the server is back.
+async fn release_after_a_cut_off_renewal(ctx: Ctx) {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANICS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        previous(info);
+    }));
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("cut-renewal");
+    let g = a
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(3))
+                .wait(Wait::Try),
+        )
+        .await
+        .expect("acquire")
+        .expect("free");
+    {
+        let _resume = UndoOnDrop::new("resume", &["mariadb"]);
+        compose("pause", "mariadb").await;
+        tokio::time::timeout(Duration::from_secs(10), g.lost())
+            .await
+            .expect("lost at the validity deadline");
+    }
+    compose("resume", "mariadb").await;
+    drop(g);
+    assert!(
+        lockcore::cleanup::flush(Duration::from_secs(10)).await,
+        "the release did not finish"
+    );
+    let g = b
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("the name is free once the server is back");
+    g.release().await.expect("release");
+    assert_eq!(
+        PANICS.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a panic while releasing"
+    );
+}
+
 /// A holder that stops talking (no renewal) is ended by the server's
 /// `wait_timeout` (set from the ttl): the waiter gets the row after about a
 /// ttl, and not long before.
@@ -1042,6 +1093,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("tables_without_values_still_inspect", |ctx| {
             Box::pin(tables_without_values_still_inspect(ctx))
+        })
+        .case("release_after_a_cut_off_renewal", |ctx| {
+            Box::pin(release_after_a_cut_off_renewal(ctx))
         })
         .case(
             "share_and_update_locks_from_sql_are_readers_and_writers",
