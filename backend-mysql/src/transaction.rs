@@ -13,6 +13,10 @@ use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::{Holding, LockConn};
 use crate::sql::{is_user_lock_name, FOREVER_CHUNK_SECS};
 
+/// How many times a try looks again at a row another client is creating
+/// (2 ms apart) before it takes the refusal as a holder's.
+const ROW_BEING_CREATED_TRIES: u32 = 50;
+
 impl MysqlBackend {
     /// A connection with the holding transaction started; an idle pooled
     /// connection that died with a server restart (the pool hands it out
@@ -52,6 +56,8 @@ impl MysqlBackend {
     ) -> Result<Option<Instant>> {
         let mut wait_set = first_wait;
         let mut created = false;
+        let mut uncommitted_tries = 0;
+        let mut seen_committed = false;
         loop {
             if let Deadline::At(t) = deadline {
                 let left = t.saturating_duration_since(Instant::now());
@@ -85,7 +91,25 @@ impl MysqlBackend {
                         ),
                     ))
                 }
-                None if matches!(deadline, Deadline::Now) => return Ok(None),
+                None if matches!(deadline, Deadline::Now) => {
+                    // A try refused by a row another client is inserting
+                    // (its insert's lock, not a holder's): once the row is
+                    // committed, the try is made again, and once more
+                    // (the insert's lock goes a moment after its row shows
+                    // committed). Refused again, the row has a holder.
+                    if seen_committed {
+                        return Ok(None);
+                    }
+                    if uncommitted_tries >= ROW_BEING_CREATED_TRIES {
+                        return Ok(None);
+                    }
+                    if self.row_committed(h, name).await? {
+                        seen_committed = true;
+                    } else {
+                        uncommitted_tries += 1;
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
                 None => {
                     // The lock wait ran out: go on waiting, in a transaction
                     // begun again. A server with innodb_rollback_on_timeout
@@ -107,6 +131,21 @@ impl MysqlBackend {
                 }
             }
         }
+    }
+
+    /// Whether the row of `name` is there and committed, by a read that
+    /// locks nothing (each statement sees what is committed when it runs).
+    async fn row_committed(&self, h: &mut Holding, name: &str) -> Result<bool> {
+        let sh = &self.shared;
+        let what = "looking for the lock row";
+        let fut = sqlx::query(AssertSqlSafe(sh.sql.row_committed.clone()))
+            .bind(name.as_bytes())
+            .fetch_optional(h.conn()?);
+        let row = tokio::time::timeout(sh.cfg.request_timeout, fut)
+            .await
+            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
+            .map_err(|e| map_err(e, what, &sh.server))?;
+        Ok(row.is_some())
     }
 
     /// One round trip on the holding transaction: it is alive.
