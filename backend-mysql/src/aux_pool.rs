@@ -10,7 +10,7 @@ use sqlx::pool::PoolConnection;
 
 use crate::backend::Shared;
 use crate::config::NAME;
-use crate::error::{map_err, timed_out};
+use crate::error::{db_number, map_err, timed_out};
 
 /// An auxiliary connection, closed on drop unless its statement finished.
 pub(crate) struct AuxConn {
@@ -40,10 +40,15 @@ impl AuxConn {
             .ok_or_else(|| Error::backend_error(NAME, "an auxiliary connection was closed"))
     }
 
-    /// Marks the statement finished (answered, with a result or an error
-    /// from the server): the connection may go back to the pool.
-    pub(crate) fn finished(&mut self) {
-        self.finished = true;
+    /// Marks the statement finished when it was answered, with a result or
+    /// an error from the server: the connection may go back to the pool.
+    /// After any other error (the connection broke, a reply it could not
+    /// read) it is closed.
+    pub(crate) fn finished_if<T>(&mut self, answer: &std::result::Result<T, sqlx::Error>) {
+        self.finished = match answer {
+            Ok(_) => true,
+            Err(e) => db_number(e).is_some(),
+        };
     }
 }
 

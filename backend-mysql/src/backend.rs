@@ -61,8 +61,8 @@ impl Shared {
         let mut aux = AuxConn::take(self, what).await?;
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(aux.conn()?);
         let done = tokio::time::timeout(self.cfg.request_timeout, fut).await;
-        if done.is_ok() {
-            aux.finished();
+        if let Ok(r) = &done {
+            aux.finished_if(r);
         }
         match done {
             Ok(Ok(_)) => Ok(()),
@@ -156,7 +156,8 @@ impl MysqlBackend {
                 }
             }
         }
-        let values = has_table(&mut probe, &value_table(&cfg.table), &cfg, &server).await?;
+        let values =
+            cfg.fencing && has_table(&mut probe, &value_table(&cfg.table), &cfg, &server).await?;
         // MariaDB and MySQL spell a shared lock without waiting differently.
         let version = tokio::time::timeout(
             cfg.request_timeout,
@@ -205,8 +206,9 @@ impl MysqlBackend {
     }
 }
 
-/// Whether `table` exists and can be written (a missing one, or one this
-/// account may not write, is `false`; any other failure an error).
+/// Whether `table` exists and can be written (an error from the server, such
+/// as a missing table or a refused insert, is `false`; a failure to ask is
+/// an error).
 async fn has_table(
     conn: &mut MySqlConnection,
     table: &str,
@@ -221,12 +223,9 @@ async fn has_table(
     let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn);
     match tokio::time::timeout(cfg.request_timeout, fut).await {
         Ok(Ok(_)) => Ok(true),
-        Ok(Err(e))
-            if matches!(
-                db_number(&e),
-                Some(code::NO_SUCH_TABLE | code::TABLE_ACCESS_DENIED)
-            ) =>
-        {
+        // Missing, refused (also column grants, a read-only server): no
+        // elections, said once.
+        Ok(Err(e)) if db_number(&e).is_some() => {
             tracing::warn!(error = %e, "no table of leaders' values this account may write: no leader election");
             Ok(false)
         }

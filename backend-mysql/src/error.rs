@@ -26,8 +26,6 @@ pub(crate) mod code {
     pub(crate) const BAD_DB: u16 = 1049;
     /// `ER_NO_SUCH_TABLE`.
     pub(crate) const NO_SUCH_TABLE: u16 = 1146;
-    /// `ER_TABLEACCESS_DENIED_ERROR`: a statement refused on a table.
-    pub(crate) const TABLE_ACCESS_DENIED: u16 = 1142;
     /// `ER_CONNECTION_KILLED` (MariaDB): this session was killed.
     pub(crate) const CONNECTION_KILLED: u16 = 1927;
     /// `ER_SERVER_SHUTDOWN`: the server is shutting down.

@@ -85,7 +85,7 @@ impl MysqlBackend {
         let row = tokio::time::timeout(sh.cfg.request_timeout, q)
             .await
             .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?;
-        aux.finished();
+        aux.finished_if(&row);
         let row = row.map_err(|e| map_err(e, what, &sh.server))?;
         let Some(row) = row else {
             return Ok(None);
@@ -229,7 +229,7 @@ impl MysqlBackend {
         let row = tokio::time::timeout(sh.cfg.request_timeout, q)
             .await
             .map_err(|_| timed_out("reading the holder", &sh.server, sh.cfg.request_timeout))?;
-        aux.finished();
+        aux.finished_if(&row);
         let row = row.map_err(|e| map_err(e, "reading the holder", &sh.server))?;
         Ok(row.and_then(|r| r.try_get::<Option<u64>, _>(0).ok().flatten()))
     }
@@ -243,8 +243,8 @@ impl MysqlBackend {
             let mut aux = AuxConn::take(sh, "reading the lock waits").await?;
             let q = sqlx::query(sql).bind(waiter).fetch_all(aux.conn()?);
             let done = tokio::time::timeout(sh.cfg.request_timeout, q).await;
-            if done.is_ok() {
-                aux.finished();
+            if let Ok(r) = &done {
+                aux.finished_if(r);
             }
             match done {
                 Err(_) => {

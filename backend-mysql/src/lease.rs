@@ -38,55 +38,61 @@ impl fmt::Debug for MysqlLease {
     }
 }
 
-impl MysqlLease {
+/// One renewal, run in a task of its own with the holding connection.
+struct Renewing {
+    shared: Arc<Shared>,
+    name: String,
+    conn_id: u64,
+    publish: bool,
+    /// The session's `wait_timeout` now, in seconds.
+    ttl_secs: u64,
+    lost: CancellationToken,
+}
+
+impl Renewing {
     /// The connection broke or did not answer: close it, raise lost.
-    fn broken(&self, slot: &mut Option<Holding>, why: &str) {
+    fn broken(&self, slot: &mut Option<Holding>, why: &str) -> Result<Renewal> {
         tracing::warn!(name = %self.name, conn_id = self.conn_id, why, "the connection holding a row lock is gone");
         drop(slot.take()); // dirty: closes the socket and KILLs the thread
         self.lost.cancel();
+        Ok(Renewal::Lost)
     }
-}
 
-#[async_trait]
-impl BackendLease for MysqlLease {
-    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        let mut slot = self.conn.lock().await;
+    async fn run(
+        self,
+        mut slot: tokio::sync::OwnedMutexGuard<Option<Holding>>,
+        ttl: Duration,
+    ) -> Result<Renewal> {
         let Some(h) = slot.as_mut() else {
             return Ok(Renewal::Lost);
         };
         if h.in_flight {
-            self.broken(&mut slot, "an earlier renewal was cut off mid-statement");
-            return Ok(Renewal::Lost);
+            return self.broken(&mut slot, "an earlier renewal was cut off mid-statement");
         }
         // Cleared once the reply is read: a renewal dropped before that
-        // leaves the connection marked.
+        // (its task aborted) leaves the connection marked.
         h.in_flight = true;
         let secs = whole_seconds(ttl);
         let limit = self.shared.cfg.request_timeout.min(ttl);
         let sent = Instant::now();
-        if self.publish && h.user_lock.is_none() && secs == self.ttl_secs.load(Ordering::Relaxed) {
+        let renewed = Renewal::Renewed {
+            valid_until: validity_deadline(sent, ttl),
+        };
+        if self.publish && h.user_lock.is_none() && secs == self.ttl_secs {
             // Unpublished (another session held the user lock): try again,
             // without waiting; the round trip is the keepalive.
             return match tokio::time::timeout(limit, publish(&self.shared, h, &self.name, 0)).await
             {
                 Ok(Ok(())) => {
                     h.in_flight = false;
-                    Ok(Renewal::Renewed {
-                        valid_until: validity_deadline(sent, ttl),
-                    })
+                    Ok(renewed)
                 }
-                Ok(Err(e)) => {
-                    self.broken(&mut slot, &e.to_string());
-                    Ok(Renewal::Lost)
-                }
-                Err(_) => {
-                    self.broken(&mut slot, "the keepalive did not answer in time");
-                    Ok(Renewal::Lost)
-                }
+                Ok(Err(e)) => self.broken(&mut slot, &e.to_string()),
+                Err(_) => self.broken(&mut slot, "the keepalive did not answer in time"),
             };
         }
         let conn = h.conn()?;
-        let res = if secs == self.ttl_secs.load(Ordering::Relaxed) {
+        let res = if secs == self.ttl_secs {
             tokio::time::timeout(limit, sqlx::query("SELECT 1").fetch_one(conn))
                 .await
                 .map(|r| r.map(drop))
@@ -101,19 +107,42 @@ impl BackendLease for MysqlLease {
                 if let Some(h) = slot.as_mut() {
                     h.in_flight = false;
                 }
-                self.ttl_secs.store(secs, Ordering::Relaxed);
-                Ok(Renewal::Renewed {
-                    valid_until: validity_deadline(sent, ttl),
-                })
+                Ok(renewed)
             }
-            Ok(Err(e)) => {
-                self.broken(&mut slot, &e.to_string());
-                Ok(Renewal::Lost)
+            Ok(Err(e)) => self.broken(&mut slot, &e.to_string()),
+            Err(_) => self.broken(&mut slot, "the keepalive did not answer in time"),
+        }
+    }
+}
+
+#[async_trait]
+impl BackendLease for MysqlLease {
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        let slot = self.conn.clone().lock_owned().await;
+        let job = Renewing {
+            shared: self.shared.clone(),
+            name: self.name.clone(),
+            conn_id: self.conn_id,
+            publish: self.publish,
+            ttl_secs: self.ttl_secs.load(Ordering::Relaxed),
+            lost: self.lost.clone(),
+        };
+        // In a task of its own: a renewal whose caller goes away (a dropped
+        // `extend`, a watchdog that gave up) still reads its reply, so the
+        // holding connection is never left with a reply unread.
+        match tokio::spawn(job.run(slot, ttl)).await {
+            Ok(Ok(renewal)) => {
+                if matches!(renewal, Renewal::Renewed { .. }) {
+                    self.ttl_secs.store(whole_seconds(ttl), Ordering::Relaxed);
+                }
+                Ok(renewal)
             }
-            Err(_) => {
-                self.broken(&mut slot, "the keepalive did not answer in time");
-                Ok(Renewal::Lost)
-            }
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(Error::new(
+                ErrorKind::Indeterminate,
+                NAME,
+                format!("the renewal's task ended before it answered: {e}"),
+            )),
         }
     }
 
@@ -126,14 +155,17 @@ impl BackendLease for MysqlLease {
         if h.in_flight {
             // A renewal was cut off mid-statement and its reply is unread:
             // the connection is closed and its session ended, which rolls
-            // the transaction back (and frees the user lock).
+            // the transaction back (and frees the user lock). Whether it
+            // still held the row then cannot be told: not held, as a lease
+            // whose connection is gone.
             let id = h.id;
             h.kill_on_drop = false;
             drop(h);
+            self.lost.cancel();
             if let Some(id) = id {
                 self.shared.kill(id, false).await?;
             }
-            return Ok(Released::Released);
+            return Ok(Released::NotHeld);
         }
         let rt = self.shared.cfg.request_timeout;
         // The user lock first: a later holder never finds it taken.

@@ -13,9 +13,10 @@ use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::{Holding, LockConn};
 use crate::sql::{is_user_lock_name, FOREVER_CHUNK_SECS};
 
-/// How many times a try looks again at a row another client is creating
-/// (2 ms apart) before it takes the refusal as a holder's.
-const ROW_BEING_CREATED_TRIES: u32 = 50;
+/// How long a try looks again at a row another client is creating (2 ms
+/// apart) before it takes the refusal as a holder's (a plain SQL session
+/// that inserted the row and keeps its transaction open holds it).
+const ROW_BEING_CREATED: Duration = Duration::from_millis(50);
 
 impl MysqlBackend {
     /// A connection with the holding transaction started; an idle pooled
@@ -56,7 +57,7 @@ impl MysqlBackend {
     ) -> Result<Option<Instant>> {
         let mut wait_set = first_wait;
         let mut created = false;
-        let mut uncommitted_tries = 0;
+        let mut first_refusal: Option<Instant> = None;
         let mut seen_committed = false;
         loop {
             if let Deadline::At(t) = deadline {
@@ -100,15 +101,26 @@ impl MysqlBackend {
                     if seen_committed {
                         return Ok(None);
                     }
-                    if uncommitted_tries >= ROW_BEING_CREATED_TRIES {
+                    let looked_since = *first_refusal.get_or_insert_with(Instant::now);
+                    if looked_since.elapsed() >= ROW_BEING_CREATED {
                         return Ok(None);
                     }
                     if self.row_committed(h, name).await? {
                         seen_committed = true;
                     } else {
-                        uncommitted_tries += 1;
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
+                    // The refusal may have rolled the whole transaction back
+                    // (innodb_rollback_on_timeout, MariaDB's NOWAIT being a
+                    // lock wait): the next locking read must not run in
+                    // autocommit, where it would return the row and hold
+                    // nothing.
+                    self.exec_raw(
+                        h,
+                        "ROLLBACK; START TRANSACTION".to_owned(),
+                        "starting the lock transaction again",
+                    )
+                    .await?;
                 }
                 None => {
                     // The lock wait ran out: go on waiting, in a transaction

@@ -917,6 +917,31 @@ async fn release_after_a_cut_off_renewal(ctx: Ctx) {
     );
 }
 
+/// An `extend` dropped right after it was sent (its reply not yet read)
+/// keeps the lease: the renewal still reads its reply, and the lease lives
+/// on through the next renewals, as the server shows (another client's
+/// try is refused after more than a ttl).
+async fn a_dropped_extend_keeps_the_lease(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("dropped-extend");
+    let ttl = Duration::from_secs(3);
+    let g = a
+        .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    for _ in 0..3 {
+        let _ = tokio::time::timeout(Duration::ZERO, g.extend(ttl)).await;
+    }
+    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
+    assert!(g.is_held(), "a dropped extend lost the lease");
+    assert!(
+        b.try_lock(&name).await.expect("try").is_none(),
+        "the name is free on the server"
+    );
+    g.release().await.expect("release");
+}
+
 /// A holder that stops talking (no renewal) is ended by the server's
 /// `wait_timeout` (set from the ttl): the waiter gets the row after about a
 /// ttl, and not long before.
@@ -1096,6 +1121,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("release_after_a_cut_off_renewal", |ctx| {
             Box::pin(release_after_a_cut_off_renewal(ctx))
+        })
+        .case("a_dropped_extend_keeps_the_lease", |ctx| {
+            Box::pin(a_dropped_extend_keeps_the_lease(ctx))
         })
         .case(
             "share_and_update_locks_from_sql_are_readers_and_writers",
