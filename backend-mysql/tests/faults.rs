@@ -34,6 +34,25 @@ async fn admin(ctx: &Ctx) -> sqlx::MySqlConnection {
         .expect("admin connection")
 }
 
+/// Waits until the server shows at least `n` lock waits (`FOR UPDATE`
+/// statements in `PROCESSLIST`); fails with `why()` after 10 s.
+async fn until_lock_waits(sql: &mut sqlx::MySqlConnection, n: i64, why: impl Fn() -> String) {
+    let t = Instant::now();
+    loop {
+        let waits: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%FOR UPDATE'",
+        )
+        .fetch_one(&mut *sql)
+        .await
+        .expect("lock waits");
+        if waits >= n {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{}", why());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `KILL <id>` of the holder's session from another connection: the waiter
 /// gets the row with a larger fencing token, and the old guard's lost signal
 /// fires; its release reports `Lost`.
@@ -144,23 +163,7 @@ async fn killed_leader_hands_over_with_its_value(ctx: Ctx) {
             tokio::spawn(async move { eb.campaign(&value).await })
         };
         // The candidate waits on the row.
-        let t = Instant::now();
-        loop {
-            let waits: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%FOR UPDATE'",
-            )
-            .fetch_one(&mut sql)
-            .await
-            .expect("lock waits");
-            if waits >= 1 {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "round {round}: no wait"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_lock_waits(&mut sql, 1, || format!("round {round}: no wait")).await;
         let id = backend
             .holder_connection(&name)
             .await
@@ -561,24 +564,13 @@ async fn wide_semaphore_waiter_gets_any_freed_permit(ctx: Ctx) {
         // The waiter is waiting on the server: 8 lock waits (as many slots
         // as it waits on at once), one of which may be the freed one.
         let mut sql = admin(&ctx).await;
-        let t = Instant::now();
-        loop {
-            let waits: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%FOR UPDATE'",
-            )
-            .fetch_one(&mut sql)
-            .await
-            .expect("lock waits");
-            if waits >= 8 {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "{waits} lock waits (waiter finished: {})",
+        until_lock_waits(&mut sql, 8, || {
+            format!(
+                "no 8 lock waits (waiter finished: {})",
                 waiter.is_finished()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            )
+        })
+        .await;
         // A different permit each round: the first, the middle, the last.
         let freed = held.remove([0, held.len() / 2, held.len() - 1][round]);
         let released = Instant::now();

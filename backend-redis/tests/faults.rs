@@ -42,6 +42,30 @@ async fn raw_get(host: &str, key: &str) -> Option<String> {
         .expect("GET")
 }
 
+/// Sets `key` to `value` on the server at `host` for 30 s, as another
+/// client would.
+async fn set_on(host: &str, key: &str, value: &[u8]) {
+    let mut c = admin(&format!("redis://{host}")).await;
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+}
+
+/// Deletes `key` on the server at `host`.
+async fn del_on(host: &str, key: &str) {
+    let mut c = admin(&format!("redis://{host}")).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+}
+
 /// How many clients the server counts as subscribed to `channel`.
 async fn numsub(url: &str, channel: &str) -> i64 {
     let mut c = admin(url).await;
@@ -359,15 +383,7 @@ async fn redlock_leader_is_the_majority_holder(ctx: Ctx) {
     let key = lockcore_redis::lock_key("lock:", &stray);
     let election = lockcore::Election::new(&l, &stray).expect("election");
     for (n, host) in hosts.iter().enumerate() {
-        let mut c = admin(&format!("redis://{host}")).await;
-        let () = redis::cmd("SET")
-            .arg(&key)
-            .arg("stray.1 host-x")
-            .arg("PX")
-            .arg(30_000)
-            .query_async(&mut c)
-            .await
-            .expect("SET");
+        set_on(host, &key, b"stray.1 host-x").await;
         let seen = election.leader().await.expect("leader");
         if n + 1 < 3 {
             assert_eq!(seen, None, "a key on {} of 5 named a leader", n + 1);
@@ -377,26 +393,13 @@ async fn redlock_leader_is_the_majority_holder(ctx: Ctx) {
         }
     }
     for host in &hosts {
-        let mut c = admin(&format!("redis://{host}")).await;
-        let _: i64 = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .expect("DEL");
+        del_on(host, &key).await;
     }
     assert_eq!(election.leader().await.expect("leader"), None);
     // Another client's token need not be UTF-8: it is a holder all the
     // same, not an instance that did not answer.
     for host in &hosts[..3] {
-        let mut c = admin(&format!("redis://{host}")).await;
-        let () = redis::cmd("SET")
-            .arg(&key)
-            .arg(&b"\xff\xfe"[..])
-            .arg("PX")
-            .arg(30_000)
-            .query_async(&mut c)
-            .await
-            .expect("SET");
+        set_on(host, &key, b"\xff\xfe").await;
     }
     let info = l.inspect(&stray).await.expect("inspect").expect("inspects");
     assert!(
@@ -404,12 +407,7 @@ async fn redlock_leader_is_the_majority_holder(ctx: Ctx) {
         "a majority's binary token is no holder"
     );
     for host in &hosts {
-        let mut c = admin(&format!("redis://{host}")).await;
-        let _: i64 = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .expect("DEL");
+        del_on(host, &key).await;
     }
 
     let name = ctx.name("majority-leader");
