@@ -20,6 +20,7 @@ use crate::idle::Idle;
 use crate::lease::MysqlLease;
 use crate::slots::counter_row;
 use crate::sql::{schema_sql, value_table, Sql, FOREVER_CHUNK_SECS};
+use crate::transaction::publish;
 
 /// What the backend and its leases share.
 pub(crate) struct Shared {
@@ -343,7 +344,7 @@ impl Backend for MysqlBackend {
                     Deadline::At(t) if t <= Instant::now() + Duration::from_secs(1) => 0,
                     _ => 1,
                 };
-                self.publish(&mut h, &row, wait).await?;
+                publish(&sh, &mut h, &row, wait).await?;
             } else {
                 self.prove_alive(&mut h).await?;
             }
@@ -360,13 +361,13 @@ impl Backend for MysqlBackend {
             (None, sent)
         };
         tracing::debug!(name = req.name, row, ?fence, conn_id, "row lock taken");
-        let publish = sh.cfg.fencing && matches!(req.mode, Mode::Exclusive);
+        let publishes = sh.cfg.fencing && matches!(req.mode, Mode::Exclusive);
         Ok(Some(Grant {
             lease: Box::new(MysqlLease {
                 shared: sh,
                 name: row,
                 conn_id,
-                publish,
+                publish: publishes,
                 ttl_secs: AtomicU64::new(ttl),
                 lost: req.lost.clone(),
                 conn: Arc::new(tokio::sync::Mutex::new(Some(h))),

@@ -35,7 +35,7 @@ pub(crate) struct Holding {
     pub(crate) dirty: bool,
     pub(crate) kill_on_drop: bool,
     /// The user lock this connection holds for the lock it holds, if any
-    /// (see `MysqlBackend::publish`): let go of before the row.
+    /// (see `transaction::publish`): let go of before the row.
     pub(crate) user_lock: Option<String>,
     /// A statement was sent and its reply not read (a renewal cut off
     /// while the holding stayed with the lease): the connection can no

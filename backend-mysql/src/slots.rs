@@ -334,7 +334,15 @@ impl MysqlBackend {
         match tokio::time::timeout(sh.cfg.request_timeout, q.execute(h.conn()?)).await {
             Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
             Ok(Ok(_)) => {}
-            Ok(Err(e)) if db_number(&e) == Some(code::DUP_ENTRY) => {}
+            // There already (a client created it at the same moment), or
+            // the duplicate check waited on a row that exists and is held
+            // (created after this statement looked, then taken as a
+            // permit): the rows are there either way.
+            Ok(Err(e))
+                if matches!(
+                    db_number(&e),
+                    Some(code::DUP_ENTRY | code::LOCK_WAIT_TIMEOUT)
+                ) => {}
             Ok(Err(e)) => return Err(map_err(e, what, &sh.server)),
         }
         self.exec_raw(

@@ -55,8 +55,6 @@ pub(crate) struct Sql {
     /// not hide the rows from each other.
     pub(crate) slots_beyond_free: Arc<str>,
     pub(crate) insert_row: Arc<str>,
-    /// Whether a row is there, committed: a read that locks nothing.
-    pub(crate) row_committed: Arc<str>,
     pub(crate) fence: Arc<str>,
     pub(crate) holder: Arc<str>,
     /// A candidate's value and term, recorded beside the fencing counter
@@ -133,7 +131,6 @@ impl Sql {
                 "INSERT INTO `{table}` (`name`) SELECT ? FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM `{table}` WHERE `name` = ?)"
             )
             .into(),
-            row_committed: format!("SELECT 1 FROM `{table}` WHERE `name` = ?").into(),
             fence: format!(
                 "INSERT INTO `{fence}` (`name`, `fence`, `holder_conn`, `owner`) VALUES (?, LAST_INSERT_ID(1), ?, ?) \
                  ON DUPLICATE KEY UPDATE `fence` = LAST_INSERT_ID(`fence` + 1), `holder_conn` = VALUES(`holder_conn`), `owner` = VALUES(`owner`)"

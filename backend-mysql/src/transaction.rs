@@ -105,22 +105,11 @@ impl MysqlBackend {
                     if looked_since.elapsed() >= ROW_BEING_CREATED {
                         return Ok(None);
                     }
-                    if self.row_committed(h, name).await? {
+                    if self.begin_again_and_look(h, name).await? {
                         seen_committed = true;
                     } else {
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
-                    // The refusal may have rolled the whole transaction back
-                    // (innodb_rollback_on_timeout, MariaDB's NOWAIT being a
-                    // lock wait): the next locking read must not run in
-                    // autocommit, where it would return the row and hold
-                    // nothing.
-                    self.exec_raw(
-                        h,
-                        "ROLLBACK; START TRANSACTION".to_owned(),
-                        "starting the lock transaction again",
-                    )
-                    .await?;
                 }
                 None => {
                     // The lock wait ran out: go on waiting, in a transaction
@@ -145,19 +134,27 @@ impl MysqlBackend {
         }
     }
 
-    /// Whether the row of `name` is there and committed, by a read that
-    /// locks nothing (each statement sees what is committed when it runs).
-    async fn row_committed(&self, h: &mut Holding, name: &str) -> Result<bool> {
+    /// After a refused try, in one request: the transaction begun again
+    /// (the refusal may have rolled it back whole, with
+    /// innodb_rollback_on_timeout, since MariaDB's NOWAIT is a lock wait;
+    /// the next locking read must not run in autocommit, where it would
+    /// return the row and hold nothing), and whether the row of `name` is
+    /// there and committed, by a read that locks nothing.
+    async fn begin_again_and_look(&self, h: &mut Holding, name: &str) -> Result<bool> {
         let sh = &self.shared;
-        let what = "looking for the lock row";
-        let fut = sqlx::query(AssertSqlSafe(sh.sql.row_committed.clone()))
-            .bind(name.as_bytes())
-            .fetch_optional(h.conn()?);
-        let row = tokio::time::timeout(sh.cfg.request_timeout, fut)
+        let what = "starting the lock transaction again";
+        // The name as a hex literal: bytes only, so safe in the text.
+        let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+        let sql = format!(
+            "ROLLBACK; START TRANSACTION; SELECT 1 FROM `{}` WHERE `name` = X'{hex}'",
+            sh.cfg.table
+        );
+        let fut = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(h.conn()?);
+        let rows = tokio::time::timeout(sh.cfg.request_timeout, fut)
             .await
             .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
             .map_err(|e| map_err(e, what, &sh.server))?;
-        Ok(row.is_some())
+        Ok(!rows.is_empty())
     }
 
     /// One round trip on the holding transaction: it is alive.
@@ -337,7 +334,14 @@ impl MysqlBackend {
                 ))
             }
             Ok(Ok(_)) => {}
-            Ok(Err(e)) if db_number(&e) == Some(code::DUP_ENTRY) => {}
+            // There already, or the duplicate check waited on the row
+            // created after this statement looked and then held: there
+            // either way.
+            Ok(Err(e))
+                if matches!(
+                    db_number(&e),
+                    Some(code::DUP_ENTRY | code::LOCK_WAIT_TIMEOUT)
+                ) => {}
             Ok(Err(e)) => return Err(map_err(e, "creating the lock row", &sh.server)),
         }
         self.exec_raw(
@@ -381,32 +385,26 @@ impl MysqlBackend {
         .await
         .map(drop)
     }
-
-    /// The holder of a lock publishes itself on its holding connection: it
-    /// takes the row's user lock (`GET_LOCK`), which ends with the
-    /// connection and which it lets go of before its row
-    /// ([`MysqlLease`](crate::lease::MysqlLease)'s release), so that
-    /// `IS_USED_LOCK` names the holder's connection
-    /// ([`Backend::inspect`](lockcore::backend::Backend::inspect)). The
-    /// round trip also proves the holding transaction alive.
-    ///
-    /// Keeps the user lock's name in the holding (`Holding::user_lock`),
-    /// none when another session holds it: the lock is granted all the same (the row is what excludes), and
-    /// inspection, which then finds the user lock held by a session the
-    /// fencing row does not name, says it cannot tell. Any session can take
-    /// a user lock, so one must never keep a holder from its row. A
-    /// previous holder whose connection died may keep it a moment after its
-    /// row (the server rolls back before it frees user locks), so an
-    /// acquisition with time to spare gives it `wait` seconds; one left
-    /// unpublished tries again at each renewal
-    /// ([`MysqlLease`](crate::lease::MysqlLease)), with no wait.
-    pub(crate) async fn publish(&self, h: &mut Holding, row: &str, wait: u64) -> Result<()> {
-        publish(&self.shared, h, row, wait).await
-    }
 }
 
-/// See [`MysqlBackend::publish`]: the user lock's name is kept in
-/// [`Holding::user_lock`], `None` when another session holds it.
+/// The holder of a lock publishes itself on its holding connection: it
+/// takes the row's user lock (`GET_LOCK`), which ends with the
+/// connection and which it lets go of before its row
+/// ([`MysqlLease`](crate::lease::MysqlLease)'s release), so that
+/// `IS_USED_LOCK` names the holder's connection
+/// ([`Backend::inspect`](lockcore::backend::Backend::inspect)). The
+/// round trip also proves the holding transaction alive.
+///
+/// Keeps the user lock's name in the holding (`Holding::user_lock`),
+/// none when another session holds it: the lock is granted all the same (the row is what excludes), and
+/// inspection, which then finds the user lock held by a session the
+/// fencing row does not name, says it cannot tell. Any session can take
+/// a user lock, so one must never keep a holder from its row. A
+/// previous holder whose connection died may keep it a moment after its
+/// row (the server rolls back before it frees user locks), so an
+/// acquisition with time to spare gives it `wait` seconds; one left
+/// unpublished tries again at each renewal
+/// ([`MysqlLease`](crate::lease::MysqlLease)), with no wait.
 pub(crate) async fn publish(sh: &Shared, h: &mut Holding, row: &str, wait: u64) -> Result<()> {
     let what = "publishing the holder (GET_LOCK)";
     let limit = sh.cfg.request_timeout + Duration::from_secs(wait);

@@ -53,6 +53,14 @@ async fn until_lock_waits(sql: &mut sqlx::MySqlConnection, n: i64, why: impl Fn(
     }
 }
 
+/// `name`, free, taken by a try on `l` with `ttl`.
+async fn try_with_ttl(l: &lockcore::Locker, name: &str, ttl: Duration) -> lockcore::LockGuard {
+    l.acquire(name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free")
+}
+
 /// `KILL <id>` of the holder's session from another connection: the waiter
 /// gets the row with a larger fencing token, and the old guard's lost signal
 /// fires; its release reports `Lost`.
@@ -63,11 +71,7 @@ async fn kill_holder_connection(ctx: Ctx) {
         .unwrap();
     let name = ctx.name("killed");
     let ttl = Duration::from_secs(3);
-    let g = a
-        .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
-        .await
-        .expect("acquire")
-        .expect("free");
+    let g = try_with_ttl(&a, &name, ttl).await;
     let old_fence = g.fence().expect("fence");
     let waiter = {
         let name = name.clone();
@@ -799,16 +803,7 @@ async fn first_lock_after_a_server_restart(ctx: Ctx) {
 async fn restart_under_a_holder(ctx: Ctx) {
     let l = ctx.locker().await;
     let name = ctx.name("restart/held");
-    let g = l
-        .acquire(
-            &name,
-            &LockOptions::new()
-                .ttl(Duration::from_secs(3))
-                .wait(Wait::Try),
-        )
-        .await
-        .expect("acquire")
-        .expect("free");
+    let g = try_with_ttl(&l, &name, Duration::from_secs(3)).await;
     let before = g.fence().expect("a token");
     let _start = UndoOnDrop::new("start", &["mariadb"]);
     compose("kill", "mariadb").await;
@@ -874,16 +869,7 @@ async fn release_after_a_cut_off_renewal(ctx: Ctx) {
     }));
     let (a, b) = (ctx.locker().await, ctx.locker().await);
     let name = ctx.name("cut-renewal");
-    let g = a
-        .acquire(
-            &name,
-            &LockOptions::new()
-                .ttl(Duration::from_secs(3))
-                .wait(Wait::Try),
-        )
-        .await
-        .expect("acquire")
-        .expect("free");
+    let g = try_with_ttl(&a, &name, Duration::from_secs(3)).await;
     {
         let _resume = UndoOnDrop::new("resume", &["mariadb"]);
         compose("pause", "mariadb").await;
@@ -917,11 +903,7 @@ async fn a_dropped_extend_keeps_the_lease(ctx: Ctx) {
     let (a, b) = (ctx.locker().await, ctx.locker().await);
     let name = ctx.name("dropped-extend");
     let ttl = Duration::from_secs(3);
-    let g = a
-        .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
-        .await
-        .expect("acquire")
-        .expect("free");
+    let g = try_with_ttl(&a, &name, ttl).await;
     for _ in 0..3 {
         let _ = tokio::time::timeout(Duration::ZERO, g.extend(ttl)).await;
     }

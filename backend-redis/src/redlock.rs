@@ -122,6 +122,19 @@ impl RedLockBackend {
         self.instances.len() / 2 + 1
     }
 
+    /// Fewer than a majority answered within `limit`: unavailable (`to`
+    /// says for what, after the majority needed).
+    fn too_few(&self, answered: usize, limit: Duration, to: &str) -> Error {
+        Error::unavailable(
+            NAME,
+            format!(
+                "RedLock: only {answered} of {} instances answered within {limit:?} (a majority of {} is needed{to})",
+                self.instances.len(),
+                self.quorum()
+            ),
+        )
+    }
+
     /// Releases an attempt's key (token `token`) on every instance, each
     /// after the attempt's call there if that is still out (`after`).
     fn undo(
@@ -429,14 +442,7 @@ impl Backend for RedLockBackend {
             .run_now()
             .await;
             if answered < self.quorum() {
-                return Err(Error::unavailable(
-                    NAME,
-                    format!(
-                        "RedLock: only {answered} of {} instances answered within {limit:?} (a majority of {} is needed)",
-                        self.instances.len(),
-                        self.quorum()
-                    ),
-                ));
+                return Err(self.too_few(answered, limit, ""));
             }
             if req.deadline.passed(Instant::now()) {
                 return Ok(None);
@@ -507,14 +513,8 @@ impl Backend for RedLockBackend {
         .await;
         let answered = views.iter().flatten().count();
         if answered < self.quorum() {
-            return Err(Error::unavailable(
-                NAME,
-                format!(
-                    "RedLock: only {answered} of {} instances answered within {limit:?} (a majority of {} is needed to tell who holds {name:?})",
-                    self.instances.len(),
-                    self.quorum()
-                ),
-            ));
+            let why = format!(" to tell who holds {name:?}");
+            return Err(self.too_few(answered, limit, &why));
         }
         Ok(Some(LockInfo::new(
             majority_holder(&views, self.quorum()),
