@@ -2,7 +2,6 @@
 //! (a pooled one when free), the fencing counter committed on its own.
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -368,7 +367,6 @@ impl Backend for MysqlBackend {
                 name: row,
                 conn_id,
                 publish: publishes,
-                ttl_secs: AtomicU64::new(ttl),
                 lost: req.lost.clone(),
                 conn: Arc::new(tokio::sync::Mutex::new(Some(h))),
             }),

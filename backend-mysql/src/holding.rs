@@ -41,6 +41,10 @@ pub(crate) struct Holding {
     /// while the holding stayed with the lease): the connection can no
     /// longer be used.
     pub(crate) in_flight: bool,
+    /// The session's `wait_timeout` as last set on the server, in seconds
+    /// (kept with the connection, so a renewal whose caller went away
+    /// still records what it set).
+    pub(crate) session_ttl: u64,
     shared: Arc<Shared>,
 }
 
@@ -53,6 +57,7 @@ impl Holding {
             kill_on_drop: true,
             user_lock: None,
             in_flight: false,
+            session_ttl: 0,
             shared,
         }
     }

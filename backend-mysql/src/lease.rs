@@ -2,7 +2,6 @@
 //! checked by a `SELECT 1`, released by `ROLLBACK`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,7 +22,6 @@ pub(crate) struct MysqlLease {
     /// Whether the holder publishes itself with a user lock (a lock's,
     /// with fencing): one that found it taken tries again at each renewal.
     pub(crate) publish: bool,
-    pub(crate) ttl_secs: AtomicU64,
     pub(crate) lost: CancellationToken,
     pub(crate) conn: Arc<tokio::sync::Mutex<Option<Holding>>>,
 }
@@ -33,7 +31,6 @@ impl fmt::Debug for MysqlLease {
         f.debug_struct("MysqlLease")
             .field("name", &self.name)
             .field("conn_id", &self.conn_id)
-            .field("ttl_secs", &self.ttl_secs.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -44,8 +41,6 @@ struct Renewing {
     name: String,
     conn_id: u64,
     publish: bool,
-    /// The session's `wait_timeout` now, in seconds.
-    ttl_secs: u64,
     lost: CancellationToken,
 }
 
@@ -78,7 +73,7 @@ impl Renewing {
         let renewed = Renewal::Renewed {
             valid_until: validity_deadline(sent, ttl),
         };
-        if self.publish && h.user_lock.is_none() && secs == self.ttl_secs {
+        if self.publish && h.user_lock.is_none() && secs == h.session_ttl {
             // Unpublished (another session held the user lock): try again,
             // without waiting; the round trip is the keepalive.
             return match tokio::time::timeout(limit, publish(&self.shared, h, &self.name, 0)).await
@@ -91,8 +86,9 @@ impl Renewing {
                 Err(_) => self.broken(&mut slot, "the keepalive did not answer in time"),
             };
         }
+        let same_ttl = secs == h.session_ttl;
         let conn = h.conn()?;
-        let res = if secs == self.ttl_secs {
+        let res = if same_ttl {
             tokio::time::timeout(limit, sqlx::query("SELECT 1").fetch_one(conn))
                 .await
                 .map(|r| r.map(drop))
@@ -106,6 +102,7 @@ impl Renewing {
             Ok(Ok(())) => {
                 if let Some(h) = slot.as_mut() {
                     h.in_flight = false;
+                    h.session_ttl = secs;
                 }
                 Ok(renewed)
             }
@@ -124,20 +121,13 @@ impl BackendLease for MysqlLease {
             name: self.name.clone(),
             conn_id: self.conn_id,
             publish: self.publish,
-            ttl_secs: self.ttl_secs.load(Ordering::Relaxed),
             lost: self.lost.clone(),
         };
         // In a task of its own: a renewal whose caller goes away (a dropped
         // `extend`, a watchdog that gave up) still reads its reply, so the
         // holding connection is never left with a reply unread.
         match tokio::spawn(job.run(slot, ttl)).await {
-            Ok(Ok(renewal)) => {
-                if matches!(renewal, Renewal::Renewed { .. }) {
-                    self.ttl_secs.store(whole_seconds(ttl), Ordering::Relaxed);
-                }
-                Ok(renewal)
-            }
-            Ok(Err(e)) => Err(e),
+            Ok(result) => result,
             Err(e) => Err(Error::new(
                 ErrorKind::Indeterminate,
                 NAME,
@@ -221,7 +211,7 @@ impl BackendLease for MysqlLease {
         match self.conn.try_lock() {
             Ok(mut slot) => drop_it(&mut slot),
             Err(_) => {
-                // A renewal is in flight (its task is being aborted): close
+                // A renewal is in flight (its task runs to its end): close
                 // the connection as soon as it lets go.
                 let conn = self.conn.clone();
                 spawn_cleanup("close an abandoned lock connection", async move {

@@ -211,6 +211,7 @@ impl MysqlBackend {
             .map_err(|e| map_err(e, "reading the connection id", &sh.server))?
             .ok_or_else(|| Error::backend_error(NAME, "CONNECTION_ID() returned no row"))?;
         h.id = Some(id);
+        h.session_ttl = ttl_secs;
         Ok(())
     }
 
