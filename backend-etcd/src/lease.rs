@@ -92,11 +92,14 @@ impl BackendLease for EtcdLease {
     ///
     /// Cancel safe: a dropped renewal at most extended the lease.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        if ttl > self.ttl {
+        // The server's lease keeps its granted ttl: a longer one would count
+        // validity the server does not give, a shorter one would leave the
+        // name held on the server long after a dead holder's validity.
+        if ttl != self.ttl {
             return Err(Error::invalid_config(
                 NAME,
                 format!(
-                    "an etcd lease keeps the ttl it was granted with ({:?}); acquire with the longer ttl {ttl:?} instead",
+                    "an etcd lease keeps the ttl it was granted with ({:?}); acquire with the ttl {ttl:?} instead",
                     self.ttl
                 ),
             ));

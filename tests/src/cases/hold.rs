@@ -1,5 +1,6 @@
 //! Hold: mutual exclusion, expiry of a dead holder, renewal, the lost
-//! signal, validity bounds, a guard on its own, and reentrancy.
+//! signal, validity bounds, a guard on its own, owners and explicit
+//! reentrancy.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -127,14 +128,154 @@ pub async fn lost_fires_at_validity_deadline(ctx: Ctx) {
     tokio::time::timeout(SHORT_TTL + SLACK, g.lost())
         .await
         .expect("lost fires");
+    let fired = Instant::now();
     assert!(
-        Instant::now() >= valid_until,
+        fired >= valid_until,
         "lost fired before the validity deadline"
+    );
+    assert!(
+        fired <= valid_until + LOST_LATENESS,
+        "lost fired {:?} after the validity deadline",
+        fired - valid_until
     );
     assert!(!g.is_held());
     assert!(g.lost_reason().is_some());
     let err = g.release().await.expect_err("release of a lost lease");
     assert_eq!(err.kind(), ErrorKind::Lost);
+}
+
+/// How late the lost signal may fire after the validity deadline on a
+/// loaded 2-core machine: far less than the shortest ttl, so a signal a
+/// whole ttl late is caught.
+const LOST_LATENESS: Duration = Duration::from_millis(300);
+
+/// With renewal on and every renewal failing (the server stops answering,
+/// through a proxy), the lost signal fires by the last validity deadline
+/// the client knew, at most [`LOST_LATENESS`] after it: never a ttl late.
+pub async fn lost_fires_on_time_when_renewal_fails(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let l = ctx.locker_via(&proxies).await.expect("the harness proxies");
+    let name = ctx.name("lost-renewal-fails");
+    let ttl = Duration::from_secs(2);
+    let g = l
+        .acquire(&name, &opts(ttl, Wait::Try, true))
+        .await
+        .expect("acquire")
+        .expect("free");
+    // Nothing is renewed from here on: the first renewal is due at ttl/3.
+    proxies.blackhole(Dir::Both);
+    let valid_until = g.valid_until().expect("held");
+    tokio::time::timeout(ttl + SLACK, g.lost())
+        .await
+        .expect("lost fires");
+    let fired = Instant::now();
+    assert!(
+        fired <= valid_until + LOST_LATENESS,
+        "lost fired {:?} after the validity deadline while renewals failed",
+        fired - valid_until
+    );
+    assert!(!g.is_held());
+    proxies.heal();
+    drop(g);
+}
+
+/// The server's side of `extend` and of renewals: after a longer `extend`
+/// another client finds the name held until the new deadline, after a
+/// shorter one free soon after a holder dies, and the watchdog renews with
+/// the extended ttl. Holders die by `abandon` (no release): a ttl lease then
+/// ends on the server by the ttl the server last set, a session or
+/// connection lease with its session or connection. A backend may refuse a
+/// ttl it cannot set on a held lease (`InvalidConfig`: an etcd lease keeps
+/// its granted ttl, a ZooKeeper session its timeout); that part is then
+/// skipped, and the lease must be as it was.
+pub async fn server_ttl_follows_extend_and_renewals(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let ttl_kept = ctx.caps.lease == LeaseKind::Ttl;
+    let gone_within = |ttl: Duration| match ctx.caps.lease {
+        LeaseKind::Ttl => ttl + SLACK,
+        _ => SLACK * 4,
+    };
+    // Longer: acquired for 1 s, extended to 6 s, renewal off. At 2.5 s the
+    // server must still hold it (an unextended ttl ended at 1 s).
+    let name = ctx.name("extend-longer");
+    let g = a
+        .acquire(&name, &opts(SHORT_TTL, Wait::Try, false))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let extended_at = Instant::now();
+    if extended(&g, Duration::from_secs(6)).await {
+        tokio::time::sleep_until((extended_at + Duration::from_millis(2500)).into()).await;
+        must_be_held(&b, &name).await;
+        assert!(g.is_held(), "lost: {:?}", g.lost_reason());
+        g.release().await.expect("release");
+    } else {
+        assert!(g.is_held(), "a refused extend lost the lease");
+        g.release().await.expect("release after a refused extend");
+    }
+    must_try(&b, &name).await.release().await.expect("release");
+
+    // Shorter: acquired for 10 s, extended to 1 s, then the holder dies: the
+    // name is free within the new ttl and slack, well before 10 s.
+    let name = ctx.name("extend-shorter");
+    let g = a
+        .acquire(&name, &opts(Duration::from_secs(10), Wait::Try, false))
+        .await
+        .expect("acquire")
+        .expect("free");
+    if extended(&g, SHORT_TTL).await {
+        let died = Instant::now();
+        g.abandon();
+        let g2 = acquire_within(&b, &name, gone_within(SHORT_TTL)).await;
+        if ttl_kept {
+            assert!(
+                died.elapsed() < Duration::from_secs(6),
+                "a lease extended to 1 s ended {:?} after its holder died",
+                died.elapsed()
+            );
+        }
+        g2.release().await.expect("release");
+    } else {
+        g.release().await.expect("release after a refused extend");
+    }
+
+    // Renewals use the extended ttl: acquired for 1 s with renewal on,
+    // extended to 5 s, renewed for a while, then the holder dies. The last
+    // renewal was at most 5/3 s before, so the server holds the name at
+    // least 3.3 s longer; 1.5 s after the death it must still be held.
+    let name = ctx.name("renewed-extended");
+    let g = a
+        .acquire(&name, &opts(SHORT_TTL, Wait::Try, true))
+        .await
+        .expect("acquire")
+        .expect("free");
+    if !extended(&g, Duration::from_secs(5)).await {
+        g.release().await.expect("release after a refused extend");
+        return;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(g.is_held(), "lost: {:?}", g.lost_reason());
+    let died = Instant::now();
+    g.abandon();
+    if ttl_kept {
+        tokio::time::sleep_until((died + Duration::from_millis(1500)).into()).await;
+        must_be_held(&b, &name).await;
+    }
+    acquire_within(&b, &name, gone_within(Duration::from_secs(5)))
+        .await
+        .release()
+        .await
+        .expect("release");
+}
+
+/// Extends `g` to `ttl`: true when extended, false when the backend
+/// refused a ttl it cannot set on a held lease (`InvalidConfig`).
+async fn extended(g: &lockcore::LockGuard, ttl: Duration) -> bool {
+    match g.extend(ttl).await {
+        Ok(()) => true,
+        Err(e) if e.kind() == ErrorKind::InvalidConfig => false,
+        Err(e) => panic!("extend to {ttl:?}: {e}"),
+    }
 }
 
 /// A lease taken away on the server without telling its client: renewal is

@@ -110,6 +110,8 @@ pub fn cases() -> Vec<Case> {
         case!(hold::ttl_expiry_after_holder_dies),
         case!(hold::renewal_keeps_lease_past_ttl),
         case!(hold::lost_fires_at_validity_deadline),
+        case!(hold::lost_fires_on_time_when_renewal_fails, unless_proxy),
+        case!(hold::server_ttl_follows_extend_and_renewals),
         case!(hold::lost_fires_when_lease_is_revoked, unless_revoke),
         case!(hold::validity_is_counted_from_before_the_request),
         case!(hold::guard_outlives_its_locker),
