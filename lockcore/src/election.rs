@@ -171,10 +171,8 @@ impl Election {
             )
             .with_name(&self.name));
         }
-        // A clone is a new owner: every campaign is a candidate of its own.
         let guard = self
             .locker
-            .clone()
             .acquire_with(&self.name, opts, Some(value), crate::Mode::Exclusive)
             .await?;
         Ok(guard.map(|guard| Leadership {

@@ -11,7 +11,6 @@ use crate::cleanup::spawn_cleanup;
 use crate::error::{Error, ErrorKind, Result};
 use crate::held::Held;
 use crate::options::{MAX_TTL, MIN_TTL};
-use crate::owner::Owner;
 
 /// A held lock. Dropping it releases the lock in the background.
 ///
@@ -22,6 +21,11 @@ use crate::owner::Owner;
 ///
 /// Guards are `Send + Sync + 'static`: move them into the task doing the
 /// guarded work.
+///
+/// Every acquisition is its own owner: a second `lock` of the name, through
+/// the same [`Locker`](crate::Locker) or another, waits for this guard's
+/// release. A holder that needs another hold on its own lease (a recursive
+/// call, say) proves it holds with [`reenter`](LockGuard::reenter).
 ///
 /// ```
 /// use lockcore::Locker;
@@ -40,7 +44,6 @@ use crate::owner::Owner;
 #[clippy::has_significant_drop]
 pub struct LockGuard {
     held: Arc<Held>,
-    owner: Arc<Owner>,
     active: bool,
 }
 
@@ -56,12 +59,49 @@ impl fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(held: Arc<Held>, owner: Arc<Owner>) -> Self {
-        LockGuard {
-            held,
-            owner,
-            active: true,
+    pub(crate) fn new(held: Arc<Held>) -> Self {
+        LockGuard { held, active: true }
+    }
+
+    /// Takes another hold on this guard's lease: explicit reentrancy. The
+    /// new guard has the same lease and fencing token, at once and without
+    /// asking the server; the lease is released on the server when the last
+    /// of its holds is released or dropped, in any order.
+    ///
+    /// An acquisition through a [`Locker`](crate::Locker) never re-enters:
+    /// it is a new owner, whatever handle it went through.
+    ///
+    /// ```
+    /// use lockcore::Locker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockcore::Result<()> {
+    /// let locker = Locker::memory();
+    /// let outer = locker.lock("ledger").await?;
+    /// let inner = outer.reenter()?; // the same lease, the same token
+    /// assert_eq!(inner.fence(), outer.fence());
+    /// assert_eq!(outer.hold_count(), 2);
+    /// // A new acquisition is another owner, even through the same handle.
+    /// assert!(locker.try_lock("ledger").await?.is_none());
+    /// inner.release().await?; // `outer` still holds the lease
+    /// assert!(locker.try_lock("ledger").await?.is_none());
+    /// outer.release().await?; // the last hold: released on the server
+    /// assert!(locker.try_lock("ledger").await?.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Lost`] when the lease is no longer held.
+    pub fn reenter(&self) -> Result<LockGuard> {
+        if !self.held.is_held() {
+            return Err(self.held.lost_error("cannot re-enter a lost lease"));
         }
+        // This guard's own hold keeps the count above zero meanwhile.
+        self.held
+            .holds
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(LockGuard::new(self.held.clone()))
     }
 
     /// The lock name.
@@ -143,9 +183,10 @@ impl LockGuard {
         self.held.ttl()
     }
 
-    /// How many holds the owner has on this lease (reentrancy).
+    /// How many holds there are on this lease: 1, plus one for each
+    /// [`reenter`](LockGuard::reenter) not yet released or dropped.
     pub fn hold_count(&self) -> usize {
-        self.held.holds.load(std::sync::atomic::Ordering::Relaxed)
+        self.held.holds.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Renews the lease now so that it lives `ttl` from now; the watchdog
@@ -178,7 +219,7 @@ impl LockGuard {
     }
 
     /// Releases this hold; the lease itself is released on the server when
-    /// the owner's last hold goes (see reentrancy in [`Locker`](crate::Locker)).
+    /// its last hold goes (see [`reenter`](LockGuard::reenter)).
     ///
     /// Returns [`ErrorKind::Lost`] when the lease had been lost: the caller
     /// learns that the guarded work may have overlapped another holder's.
@@ -198,7 +239,7 @@ impl LockGuard {
     /// the background, as on drop.
     pub async fn release(mut self) -> Result<()> {
         self.active = false;
-        if !self.owner.drop_hold(&self.held) {
+        if !self.held.drop_hold() {
             return if self.held.is_held() {
                 Ok(())
             } else {
@@ -221,7 +262,7 @@ impl LockGuard {
         self.held.stop_watchdog();
         self.held.lease.abandon();
         self.held.mark_lost("the holder abandoned the lease");
-        self.owner.drop_hold(&self.held);
+        self.held.drop_hold();
     }
 }
 
@@ -244,7 +285,7 @@ impl Drop for ReleaseOnDrop {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.active && self.owner.drop_hold(&self.held) {
+        if self.active && self.held.drop_hold() {
             drop(ReleaseOnDrop(Some(self.held.clone())));
         }
     }

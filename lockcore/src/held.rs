@@ -161,6 +161,11 @@ impl Held {
         self.lost.cancel();
     }
 
+    /// Drops one hold; true when it was the last one (the lease must go).
+    pub(crate) fn drop_hold(&self) -> bool {
+        self.holds.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
     pub(crate) fn is_held(&self) -> bool {
         if self.released.load(Ordering::Acquire) || self.lost.is_cancelled() {
             return false;

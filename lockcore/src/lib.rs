@@ -12,7 +12,9 @@
 //! mutual exclusion while a lease is valid, owner-checked renewal and
 //! release, strictly rising fencing tokens where the backend
 //! [can promise them](Fencing), a lost signal when the lease can no longer be
-//! trusted, reentrancy through one owner, and cancel-safe acquisition.
+//! trusted, every acquisition its own owner (tasks sharing one [`Locker`]
+//! exclude each other; reentrancy is explicit, through
+//! [`LockGuard::reenter`]), and cancel-safe acquisition.
 //!
 //! **No safety property depends on the user keeping some other object
 //! alive, or on a process staying alive.** A [`LockGuard`] alone keeps its
@@ -21,9 +23,7 @@
 //! server by a task of its own (see [`cleanup`], and [`cleanup::flush`]
 //! before a process exits); and a process that dies leaves a lease that the
 //! server ends by its ttl, session or connection. Renewals of one lease run
-//! one at a time, so a slow reply never overwrites a later one, and two
-//! acquisitions of one name that race through one owner end as one lease
-//! held twice.
+//! one at a time, so a slow reply never overwrites a later one.
 //!
 //! ```
 //! use std::time::Duration;
@@ -62,7 +62,6 @@ pub mod memory;
 pub mod migrate;
 pub mod name;
 pub mod options;
-mod owner;
 pub mod retry;
 pub mod rwlock;
 pub mod semaphore;

@@ -14,7 +14,6 @@ use crate::held::Held;
 use crate::memory::MemoryBackend;
 use crate::name::validate_name;
 use crate::options::{LockOptions, Wait};
-use crate::owner::Owner;
 use crate::watchdog::Watchdog;
 
 /// How long past its wait deadline a backend's acquire may run before it is
@@ -26,34 +25,37 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(1);
 
 /// A handle to a lock backend, cheap to clone.
 ///
-/// **Owners and reentrancy.** Each `Locker` value is one *owner*. Acquiring a
-/// name again through the same value, while its lease is held, takes another
-/// hold on that lease at once (no waiting, same fencing token); the lease is
-/// released when the last hold goes. A clone shares the backend connection
-/// but is a *different owner*: clones exclude each other like separate
-/// processes do. So clone a `Locker` into each task, and lock twice through
-/// one value only where reentrancy is meant.
+/// **Owners.** Every acquisition is its own owner, whatever handle it went
+/// through: two `lock` calls through one `Locker` value (from one task or
+/// many, through `&`, an `Arc`, a `static` or a clone) exclude each other as
+/// two processes do. Share one `Locker` however suits the application. A
+/// clone shares the backend connection.
+///
+/// **Reentrancy is explicit**: a holder proves it holds by its guard, and
+/// [`LockGuard::reenter`] takes another hold on the same lease (same
+/// fencing token); the lease is released when its last hold goes.
 ///
 /// ```
+/// use std::sync::Arc;
 /// use std::time::Duration;
 /// use lockcore::{Locker, LockOptions, Wait};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockcore::Result<()> {
-/// let a = Locker::memory();
-/// let b = a.clone(); // same backend, another owner
+/// let locker = Arc::new(Locker::memory());
 ///
-/// let held = a.lock("invoices").await?;
-/// assert!(b.try_lock("invoices").await?.is_none()); // contention is Ok(None)
+/// let held = locker.lock("invoices").await?;
+/// // Another acquisition, even through the same handle, is another owner.
+/// assert!(locker.try_lock("invoices").await?.is_none()); // contention is Ok(None)
 ///
-/// let again = a.lock("invoices").await?; // reentrant through the same owner
+/// let again = held.reenter()?; // explicit reentrancy: the same lease
 /// assert_eq!(again.hold_count(), 2);
 /// assert_eq!(again.fence(), held.fence());
 /// drop(again);
 /// held.release().await?;
 ///
 /// let opts = LockOptions::new().wait(Wait::For(Duration::from_millis(100)));
-/// let g = b.acquire("invoices", &opts).await?.expect("free again");
+/// let g = locker.acquire("invoices", &opts).await?.expect("free again");
 /// # drop(g);
 /// # Ok(()) }
 /// ```
@@ -61,17 +63,7 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(1);
 pub struct Locker {
     backend: Arc<dyn Backend>,
     defaults: LockOptions,
-    owner: OwnerHandle,
     watchdog: Arc<Watchdog>,
-}
-
-/// The owner identity of a `Locker` value; cloning makes a new owner.
-struct OwnerHandle(Arc<Owner>);
-
-impl Clone for OwnerHandle {
-    fn clone(&self) -> Self {
-        OwnerHandle(Arc::default())
-    }
 }
 
 impl fmt::Debug for Locker {
@@ -94,7 +86,6 @@ impl Locker {
         Locker {
             backend,
             defaults: LockOptions::new(),
-            owner: OwnerHandle(Arc::default()),
             watchdog: Arc::default(),
         }
     }
@@ -194,7 +185,8 @@ impl Locker {
     ///
     /// Invalid names fail with [`ErrorKind::InvalidName`] and out-of-range
     /// options with [`ErrorKind::InvalidConfig`], before any server is asked.
-    /// If this owner already holds `name`, another hold is taken at once.
+    /// Every call is a new owner: it never re-enters a lease it or another
+    /// task of this process holds (see [`LockGuard::reenter`]).
     ///
     /// # Errors
     ///
@@ -257,23 +249,6 @@ impl Locker {
             )
             .with_name(name)
         };
-        // One acquisition of `name` through this owner at a time: a racing
-        // second one waits, then takes another hold on what the first got.
-        let entered = self.owner.0.enter(name, wait);
-        let pass = match (deadline.instant(), wait) {
-            (Some(at), Wait::For(d)) => tokio::time::timeout_at(at.into(), entered)
-                .await
-                .map_err(|_| timed_out(d))?,
-            _ => entered.await,
-        };
-        let Some(_pass) = pass else {
-            // A try while this owner's waiting acquisition of `name` is in
-            // flight: the name is contended.
-            return Ok(None);
-        };
-        if let Some(held) = self.owner.0.reenter(name) {
-            return Ok(Some(LockGuard::new(held, self.owner.0.clone())));
-        }
         let lost = CancellationToken::new();
         let req = AcquireRequest {
             name,
@@ -320,8 +295,7 @@ impl Locker {
             opts.get_renew(),
             self.watchdog.clone(),
         );
-        self.owner.0.insert(held.clone());
-        Ok(Some(LockGuard::new(held, self.owner.0.clone())))
+        Ok(Some(LockGuard::new(held)))
     }
 
     /// What the backend can tell about `name`: holder and waiters, or

@@ -190,7 +190,6 @@ impl RwLock {
         if self.native {
             let node = self
                 .locker
-                .clone()
                 .acquire_with(&self.name, opts, None, Mode::Read)
                 .await?;
             return Ok(node.map(|g| ReadGuard {
@@ -202,12 +201,7 @@ impl RwLock {
             Wait::Try => opts.wait(Wait::For(TRY_GATE)),
             _ => *opts,
         };
-        let gate = match self
-            .locker
-            .clone()
-            .acquire(&self.gate_name(), &at_gate)
-            .await
-        {
+        let gate = match self.locker.acquire(&self.gate_name(), &at_gate).await {
             Ok(Some(gate)) => gate,
             Ok(None) => return Ok(None),
             Err(e) if opts.get_wait() == Wait::Try && e.kind() == ErrorKind::Timeout => {
@@ -238,7 +232,6 @@ impl RwLock {
         if self.native {
             let node = self
                 .locker
-                .clone()
                 .acquire_with(&self.name, opts, None, Mode::Write)
                 .await?;
             return Ok(node.map(|gate| WriteGuard {
@@ -247,18 +240,13 @@ impl RwLock {
             }));
         }
         let began = Instant::now();
-        let Some(gate) = self.locker.clone().acquire(&self.gate_name(), opts).await? else {
+        let Some(gate) = self.locker.acquire(&self.gate_name(), opts).await? else {
             return Ok(None);
         };
         let mut slots = Vec::with_capacity(self.readers.permits() as usize);
         for i in 0..self.readers.permits() {
             let name = self.readers.slot_name(i);
-            match self
-                .locker
-                .clone()
-                .acquire(&name, &left(opts, began))
-                .await?
-            {
+            match self.locker.acquire(&name, &left(opts, began)).await? {
                 Some(g) => slots.push(g),
                 None => {
                     // A try found a reader inside: give everything back.

@@ -227,10 +227,8 @@ impl Semaphore {
             let mode = Mode::Permit {
                 permits: self.permits,
             };
-            // A clone is a new owner: permits are never reentrant.
             let guard = self
                 .locker
-                .clone()
                 .acquire_with(&self.name, opts, None, mode)
                 .await?;
             return Ok(guard.map(|guard| Permit { guard, slot: None }));
@@ -240,13 +238,7 @@ impl Semaphore {
         let start = start_slot(self.permits);
         for k in 0..self.permits {
             let i = (start + k) % self.permits;
-            // A clone is a new owner: permits are never reentrant.
-            if let Some(guard) = self
-                .locker
-                .clone()
-                .acquire(&self.slot_name(i), &try_opts)
-                .await?
-            {
+            if let Some(guard) = self.locker.acquire(&self.slot_name(i), &try_opts).await? {
                 return Ok(Some(Permit {
                     guard,
                     slot: Some(i),

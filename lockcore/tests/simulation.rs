@@ -1,7 +1,7 @@
 //! The core under deterministic simulation.
 //!
 //! `lockcore`'s own logic (the locker, the guard's watchdog, renewals, the
-//! lost signal, reentrancy gates, retries, cleanups) runs against a
+//! lost signal, explicit reentrancy, retries, cleanups) runs against a
 //! fault-injecting backend: the in-memory server behind a network that
 //! delays every request and reply, loses replies, duplicates requests,
 //! refuses renewals (a lease revoked under its holder) and stalls for whole
@@ -315,9 +315,16 @@ impl BackendLease for FaultyLease {
             );
         }
         let r = r?;
+        let fence = self.fence;
         self.duplicate(move |l| {
             Box::pin(async move {
-                let _ = l.renew(ttl).await;
+                let r = l.renew(ttl).await;
+                if trace_on() {
+                    eprintln!(
+                        "{:?} duplicate renew fence {fence:?} ttl {ttl:?} applied: {r:?}",
+                        now()
+                    );
+                }
             })
         });
         let rep = self.link.reply("renew", sent).await;
@@ -346,19 +353,6 @@ impl BackendLease for FaultyLease {
         });
         self.link.reply("release", sent).await?;
         Ok(r)
-    }
-}
-
-/// Records a lease's end when dropped, also when its task is cut off.
-struct Ended<'a> {
-    id: lockcore::history::RecordId,
-    history: &'a History,
-    guard: &'a lockcore::LockGuard,
-}
-
-impl Drop for Ended<'_> {
-    fn drop(&mut self) {
-        self.history.ended(self.id, self.guard);
     }
 }
 
@@ -407,18 +401,10 @@ async fn client_task(locker: Locker, rng: Rng, history: History, until: Instant)
                     let _ = guard.extend(Duration::from_millis(1000) + rng.millis(ttl.as_millis() as u64 * 2)).await;
                 }
                 if rng.chance(0.2) {
-                    // Re-entered through the same owner: one lease, held
-                    // twice; the inner hold ends first.
-                    if let Ok(Some(inner)) = locker.try_lock(name).await {
-                        // The same lease while the outer one is held; a new
-                        // one (recorded as such) if it was lost meanwhile.
-                        let own = (inner.fence() != guard.fence()).then(|| Ended {
-                            id: history.acquired(&inner),
-                            history: &history,
-                            guard: &inner,
-                        });
+                    // Re-entered through the guard: one lease, held twice;
+                    // the inner hold ends first.
+                    if let Ok(inner) = guard.reenter() {
                         tokio::time::sleep(hold / 4).await;
-                        drop(own);
                         let _ = inner.release().await;
                     }
                 }

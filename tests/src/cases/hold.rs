@@ -387,75 +387,128 @@ pub async fn guard_outlives_its_locker(ctx: Ctx) {
         .expect("release");
 }
 
-/// One owner acquires a name again without waiting; it is released with the
-/// last hold. Another owner (a clone) is not reentrant with it.
-pub async fn reentrancy_through_one_owner(ctx: Ctx) {
+/// Every acquisition is its own owner, whatever handle it went through:
+/// tasks that share one `Locker` (an `Arc`, a `&` into `join!`, a `static`)
+/// exclude each other as separate processes do. Four tasks, five critical
+/// sections each, through one `Arc<Locker>`: never two inside at once, each
+/// section its own lease (a history of them has no overlap, and tokens rise
+/// where the backend fences), and while one is inside, another client is
+/// refused the name by the server.
+pub async fn tasks_sharing_one_locker_exclude(ctx: Ctx) {
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 5;
+    let shared = Arc::new(ctx.locker().await);
+    let other = Arc::new(ctx.locker().await);
+    let name = ctx.name("shared-locker");
+    let inside = Arc::new(AtomicBool::new(false));
+    let history = History::new();
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (l, other, name, inside, history) = (
+            shared.clone(),
+            other.clone(),
+            name.clone(),
+            inside.clone(),
+            history.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = l.lock(&name).await.expect("lock");
+                let id = history.acquired(&g);
+                assert!(
+                    !inside.swap(true, Ordering::SeqCst),
+                    "two tasks sharing one Locker were inside at once"
+                );
+                must_be_held(&other, &name).await;
+                tokio::task::yield_now().await;
+                inside.store(false, Ordering::SeqCst);
+                history.ended(id, &g);
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    history.check().expect("history");
+
+    // One task, two calls through one `&Locker`: a `try` while the first
+    // is held is refused, and a waiting call is served only after the
+    // first is released, with a lease of its own.
+    let l = &*shared;
+    let g = must_try(l, &name).await;
+    let t = Instant::now();
+    let again = l.try_lock(&name).await.expect("try");
+    assert!(
+        again.is_none(),
+        "a second try through the holder's Locker was granted (hold count {})",
+        g.hold_count()
+    );
+    assert!(t.elapsed() < TRY_BOUND, "the try waited {:?}", t.elapsed());
+    let first_fence = g.fence();
+    let (second, ()) = tokio::join!(l.lock_timeout(&name, SLACK * 2), async {
+        // The second call must still be waiting: the name is held.
+        must_be_held(&other, &name).await;
+        g.release().await.expect("release");
+    });
+    let second = second.expect("the waiting call got the released name");
+    assert_eq!(second.hold_count(), 1);
+    if ctx.caps.has_fencing() {
+        assert!(
+            second.fence() > first_fence,
+            "the second call's lease did not get a larger token: {:?} after {:?}",
+            second.fence(),
+            first_fence
+        );
+    }
+    second.release().await.expect("release");
+    must_try(&other, &name)
+        .await
+        .release()
+        .await
+        .expect("release");
+}
+
+/// Reentrancy is explicit: a holder proves it holds by its guard, and
+/// `reenter` takes another hold on the same lease (same token) at once;
+/// the lease is released on the server when the last hold goes, in either
+/// order. A lost lease cannot be re-entered.
+pub async fn explicit_reentrancy_through_the_guard(ctx: Ctx) {
     let (a, b) = (ctx.locker().await, ctx.locker().await);
     let name = ctx.name("reentrant");
     let g1 = must_try(&a, &name).await;
-    let t = Instant::now();
-    let g2 = a.lock(&name).await.expect("reentrant lock");
-    assert!(t.elapsed() < SLACK, "reentrant acquisition waited");
+    let g2 = g1.reenter().expect("reenter a held lease");
     assert_eq!(g1.hold_count(), 2);
+    assert_eq!(g2.hold_count(), 2);
     assert_eq!(g1.fence(), g2.fence());
-    must_be_held(&a.clone(), &name).await;
+    must_be_held(&a, &name).await;
     must_be_held(&b, &name).await;
-    g2.release().await.expect("inner release");
-    must_be_held(&b, &name).await;
+    // The outer hold goes first: the inner one still holds the lease.
     g1.release().await.expect("outer release");
+    must_be_held(&b, &name).await;
+    assert!(g2.is_held());
+    g2.release().await.expect("inner release");
     must_try(&b, &name).await.release().await.expect("release");
-}
 
-/// Two acquisitions of one name through one owner that race (both before
-/// either returns) end as one hold of count 2, never a deadlock; a `try`
-/// racing a waiting acquisition of the same owner answers at once.
-pub async fn concurrent_acquisitions_through_one_owner(ctx: Ctx) {
-    let (l, other) = (ctx.locker().await, ctx.locker().await);
-    let name = ctx.name("same-owner-race");
-    let both = tokio::time::timeout(SLACK * 3, async {
-        tokio::join!(l.lock(&name), l.lock(&name))
-    })
-    .await
-    .expect("two racing acquisitions through one owner deadlocked");
-    let (a, b) = (both.0.expect("lock"), both.1.expect("lock"));
-    assert_eq!(a.hold_count(), 2);
-    assert_eq!(a.fence(), b.fence());
-    must_be_held(&other, &name).await;
-    a.release().await.expect("release");
-    must_be_held(&other, &name).await;
-    b.release().await.expect("release");
+    // A dropped hold goes too; the lease goes with the last one.
+    let g1 = must_try(&a, &name).await;
+    let g2 = g1.reenter().expect("reenter");
+    drop(g2);
+    assert_eq!(g1.hold_count(), 1);
+    must_be_held(&b, &name).await;
+    g1.release().await.expect("release");
+    must_try(&b, &name).await.release().await.expect("release");
 
-    let both = tokio::time::timeout(SLACK * 3, async {
-        tokio::join!(l.try_lock(&name), l.try_lock(&name))
-    })
-    .await
-    .expect("two racing tries through one owner hung");
-    let (a, b) = (
-        both.0.expect("try").expect("free"),
-        both.1.expect("try").expect("free"),
-    );
-    assert_eq!(a.hold_count(), 2);
-    drop(a);
-    b.release().await.expect("release");
-
-    // Held by another owner: a waiting acquisition and a try of one owner
-    // (shared through an `Arc`: a clone of a `Locker` is another owner).
-    let g = acquire_within(&other, &name, SLACK).await;
-    let l = Arc::new(l);
-    let waiting = {
-        let (l, name) = (l.clone(), name.clone());
-        tokio::spawn(async move { l.lock(&name).await })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let t = Instant::now();
-    let got = l.try_lock(&name).await.expect("try");
-    assert!(got.is_none(), "a try got a name another owner holds");
-    assert!(t.elapsed() < TRY_BOUND, "the try waited {:?}", t.elapsed());
-    g.release().await.expect("release");
-    let w = tokio::time::timeout(SLACK * 2, waiting)
+    // A lost lease is not re-entered.
+    let g = a
+        .acquire(&name, &opts(SHORT_TTL, Wait::Try, false))
         .await
-        .expect("the waiting acquisition got the released name")
-        .expect("task")
-        .expect("lock");
-    w.release().await.expect("release");
+        .expect("acquire")
+        .expect("free");
+    tokio::time::timeout(SHORT_TTL + SLACK, g.lost())
+        .await
+        .expect("lost fires");
+    let err = g.reenter().expect_err("reentered a lost lease");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    let _ = g.release().await;
 }

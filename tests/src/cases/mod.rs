@@ -115,8 +115,8 @@ pub fn cases() -> Vec<Case> {
         case!(hold::lost_fires_when_lease_is_revoked, unless_revoke),
         case!(hold::validity_is_counted_from_before_the_request),
         case!(hold::guard_outlives_its_locker),
-        case!(hold::reentrancy_through_one_owner),
-        case!(hold::concurrent_acquisitions_through_one_owner),
+        case!(hold::tasks_sharing_one_locker_exclude),
+        case!(hold::explicit_reentrancy_through_the_guard),
         case!(release::owner_checked_release_after_expiry),
         case!(release::stale_owner_cannot_renew_or_release, unless_revoke),
         case!(fencing::fencing_tokens_increase_across_holders, |c| (!c
