@@ -100,9 +100,18 @@ async fn connect_migrating(pair: &str, offset: u64) -> Result<Locker> {
     }
     let old = connect_one(old).await?;
     let new = connect_one(new).await?;
-    Ok(Locker::new(
-        migrate::Migrating::new(old.backend().clone(), new.backend().clone()).fence_offset(offset),
-    ))
+    let pair =
+        migrate::Migrating::new(old.backend().clone(), new.backend().clone()).fence_offset(offset);
+    // Two spellings of one store pass the comparison above: tell them by
+    // behaviour, with a probe name held on the old one.
+    pair.verify_distinct().await.map_err(|e| {
+        if e.kind() == ErrorKind::InvalidConfig {
+            bad("the old and the new backend are the same store (a name held on the old one shows held on the new one)")
+        } else {
+            e
+        }
+    })?;
+    Ok(Locker::new(pair))
 }
 
 /// Splits `#fence_offset=N` off the end of a lock URL.

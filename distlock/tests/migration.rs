@@ -141,6 +141,44 @@ async fn semaphore_migrates_with_the_built_layout(name: String) {
     p.release().await.expect("release");
 }
 
+/// `migrate:` with one store given twice (two spellings of one server) is
+/// refused at connect with `InvalidConfig` naming both URLs, in the library
+/// and on the command line (exit 64): every client would otherwise block
+/// each name against itself.
+async fn one_store_twice_is_refused() {
+    let (redis, zk) = (var("LOCKTEST_REDIS_URL"), var("LOCKTEST_ZK_URL"));
+    let pairs = [
+        (redis.clone(), format!("{redis}/0")),
+        (zk.clone(), format!("{zk}/")),
+    ];
+    for (old, new) in &pairs {
+        let url = format!("migrate:{old}|{new}");
+        let e = distlock::connect(&url)
+            .await
+            .expect_err("one store given as old and new was accepted");
+        assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig, "{url}: {e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(old.as_str()) && text.contains(new.as_str()),
+            "the error names neither URL: {text}"
+        );
+    }
+    let bin = std::env::var("LOCKTEST_DISTLOCK_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_distlock").to_owned());
+    let (old, new) = &pairs[0];
+    let out = tokio::process::Command::new(bin)
+        .args(["--url", &format!("migrate:{old}|{new}"), "inspect", "x"])
+        .output()
+        .await
+        .expect("distlock runs");
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `distlock bench` on a migration with no read-write lock and no
 /// semaphore measures the rest and says so, instead of failing.
 async fn bench_runs_without_a_read_write_lock(url: String) {
@@ -192,6 +230,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("semaphore_migrates_with_the_built_layout", |ctx| {
             Box::pin(semaphore_migrates_with_the_built_layout(ctx.name("sem")))
+        })
+        .case("one_store_twice_is_refused", |_| {
+            Box::pin(one_store_twice_is_refused())
         })
         .case("bench_runs_without_a_read_write_lock", |_| {
             Box::pin(bench_runs_without_a_read_write_lock(migrating(

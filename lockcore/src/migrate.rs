@@ -101,6 +101,71 @@ impl Migrating {
         self
     }
 
+    /// Checks, by behaviour, that the old and the new backend are two
+    /// stores: the probe name `lockcore-migrate-probe`, taken on the old
+    /// backend (waiting up to 10 s for another client's probe), must be
+    /// free on the new one. One store given twice (two spellings of one server: an
+    /// IP and a host name, a default written out) would make every
+    /// migrating client block each name against itself, or worse.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use lockcore::{memory::MemoryBackend, migrate::Migrating, ErrorKind};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockcore::Result<()> {
+    /// let one = MemoryBackend::new();
+    /// let twice = Migrating::new(Arc::new(one.clone()), Arc::new(one));
+    /// let e = twice.verify_distinct().await.unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) when the
+    /// new backend sees the probe held; what either backend returns when it
+    /// cannot be asked ([`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the probe is a lock like any other, released in the
+    /// background if the future is dropped.
+    pub async fn verify_distinct(&self) -> Result<()> {
+        // One name for every client, so that a store that keeps a row per
+        // name (MySQL) keeps one, and probes of clients sharing the old
+        // backend take turns there: none sees another's probe on the new.
+        const PROBE: &str = "lockcore-migrate-probe";
+        let opts = crate::LockOptions::new()
+            .ttl(Duration::from_secs(10))
+            .renew(false);
+        let old = crate::Locker::from_arc(self.old.clone());
+        let new = crate::Locker::from_arc(self.new.clone());
+        let waiting = opts.wait(crate::Wait::For(Duration::from_secs(10)));
+        let Some(probe) = old.acquire(PROBE, &waiting).await? else {
+            return Err(Error::unavailable(
+                NAME,
+                format!("the old backend did not grant the probe name {PROBE:?}"),
+            ));
+        };
+        let seen = new.acquire(PROBE, &opts.wait(crate::Wait::Try)).await;
+        // The new backend's probe first: the old one gives the next client
+        // its turn.
+        let distinct = match seen {
+            Ok(Some(g)) => {
+                let _ = g.release().await;
+                Ok(())
+            }
+            Ok(None) => Err(Error::invalid_config(
+                NAME,
+                "the old and the new backend are the same store: a name held on the old one shows held on the new one",
+            )),
+            Err(e) => Err(e),
+        };
+        let _ = probe.release().await;
+        distinct
+    }
+
     /// The old backend.
     pub fn old(&self) -> &Arc<dyn Backend> {
         &self.old
@@ -265,13 +330,22 @@ impl Backend for Migrating {
     /// it there in the background; each backend undoes its own half-done
     /// step.
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+        let mut owner = req.owner;
+        let mut again = false;
         loop {
+            // Each pass is a new attempt with an owner token of its own: a
+            // backend's cleanup of the previous one (a ZooKeeper sweep of
+            // its nodes, an etcd revoke of its lease) must not reach it.
+            if again {
+                owner = crate::OwnerToken::random();
+            }
+            again = true;
             let old_lost = CancellationToken::new();
             let Some(old) = self
                 .old
                 .acquire(AcquireRequest {
                     name: req.name,
-                    owner: req.owner,
+                    owner,
                     ttl: req.ttl,
                     deadline: req.deadline,
                     lost: &old_lost,
@@ -288,7 +362,7 @@ impl Backend for Migrating {
             let new_lost = CancellationToken::new();
             let acquiring = self.new.acquire(AcquireRequest {
                 name: req.name,
-                owner: req.owner,
+                owner,
                 ttl: req.ttl,
                 deadline: req.deadline,
                 lost: &new_lost,
@@ -555,6 +629,95 @@ mod tests {
         let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
         let m = Locker::new(Migrating::new(Arc::new(old.clone()), Arc::new(new.clone())));
         (old, new, m)
+    }
+
+    /// Records the owner token of every acquisition it passes on.
+    #[derive(Debug, Clone)]
+    struct Recording {
+        inner: MemoryBackend,
+        owners: Arc<Mutex<Vec<crate::OwnerToken>>>,
+    }
+
+    #[async_trait]
+    impl Backend for Recording {
+        fn name(&self) -> &'static str {
+            "recording"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+
+        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
+            lock(&self.owners).push(req.owner);
+            self.inner.acquire(req).await
+        }
+    }
+
+    /// A migrating acquisition that starts again (its old half was lost
+    /// while it waited for the new one) is a new attempt with an owner
+    /// token of its own on both backends: a backend's cleanup of the first
+    /// attempt (a ZooKeeper node sweep by owner, an etcd lease revoked by
+    /// id) must not reach the second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_migrating_retry_is_a_new_owner() {
+        let old = Recording {
+            inner: MemoryBackend::new(),
+            owners: Arc::default(),
+        };
+        let new = Recording {
+            inner: MemoryBackend::new(),
+            owners: Arc::default(),
+        };
+        let m = Locker::new(Migrating::new(Arc::new(old.clone()), Arc::new(new.clone())));
+        // The new backend is held by someone else: the migrating acquire
+        // holds the old half and waits on the new one.
+        let blocker = Locker::new(new.inner.clone()).lock("x").await.unwrap();
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(1))
+            .wait(Wait::For(Duration::from_secs(20)));
+        let waiting = tokio::spawn(async move { m.acquire("x", &opts).await.map(|g| g.is_some()) });
+        let until = std::time::Instant::now() + BOUND;
+        while lock(&old.owners).is_empty() || lock(&new.owners).is_empty() {
+            assert!(
+                std::time::Instant::now() < until,
+                "never waited on the new half"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The old half is lost while it waits: the acquisition starts again.
+        assert!(old.inner.revoke("x"));
+        while lock(&old.owners).len() < 2 {
+            assert!(std::time::Instant::now() < until, "never started again");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(blocker);
+        assert!(waiting.await.unwrap().unwrap(), "acquired in the end");
+        let (o, n) = (lock(&old.owners).clone(), lock(&new.owners).clone());
+        assert_ne!(
+            o[0], o[1],
+            "the retry reused the first attempt's owner token"
+        );
+        assert_eq!(o[0], n[0], "one attempt, one owner on both backends");
+        assert_eq!(
+            o.last(),
+            n.last(),
+            "one attempt, one owner on both backends"
+        );
+    }
+
+    /// The same store given as old and new (two spellings of one server)
+    /// is refused by behaviour: a probe name held on the old backend shows
+    /// held on the new one.
+    #[tokio::test]
+    async fn one_store_twice_is_refused() {
+        let one = MemoryBackend::new();
+        let m = Migrating::new(Arc::new(one.clone()), Arc::new(one.clone()));
+        let err = m.verify_distinct().await.expect_err("one store twice");
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig);
+        assert!(err.to_string().contains("same store"), "{err}");
+        let distinct = Migrating::new(Arc::new(MemoryBackend::new()), Arc::new(one));
+        distinct.verify_distinct().await.expect("two stores");
     }
 
     #[tokio::test]
