@@ -104,6 +104,20 @@ impl Managed {
         ping(&mut c, within).await
     }
 
+    /// The server's `run_id` (from `INFO server`), which tells one server
+    /// under two names; `None` when it does not answer within `within`.
+    pub(crate) async fn run_id(&self, within: Duration) -> Option<String> {
+        let (_, mut c) = self.get();
+        let info: String =
+            tokio::time::timeout(within, redis::cmd("INFO").arg("server").query_async(&mut c))
+                .await
+                .ok()?
+                .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned())
+    }
+
     /// [`suspect`](Managed::suspect) the current connection.
     pub(crate) fn suspect_current(self: &Arc<Self>) {
         let gen = lock(&self.current).0;

@@ -70,6 +70,63 @@ struct Instance {
     wake: Wakeups,
 }
 
+/// Refuses a master listed twice, by address and, among those that answer
+/// within `within`, by `run_id`; warns once of each that does not answer.
+async fn refuse_one_master_twice(
+    nodes: &[crate::config::Node],
+    instances: &[Instance],
+    within: Duration,
+) -> Result<()> {
+    let twice = |a: &crate::config::Node, b: &crate::config::Node, how: String| {
+        Error::invalid_config(
+            NAME,
+            format!(
+                "RedLock: the master {a} is listed twice (as {a} and {b}: {how}); each master must count once toward the majority"
+            ),
+        )
+    };
+    let resolving = nodes.iter().map(|n| async move {
+        let at = tokio::net::lookup_host((n.host.as_str(), n.port));
+        match tokio::time::timeout(within, at).await {
+            Ok(Ok(addrs)) => addrs.collect::<Vec<_>>(),
+            _ => Vec::new(),
+        }
+    });
+    let addrs = join_all(resolving).await;
+    for (i, a) in addrs.iter().enumerate() {
+        for (j, b) in addrs.iter().enumerate().skip(i + 1) {
+            if let Some(shared) = a.iter().find(|x| b.contains(x)) {
+                return Err(twice(&nodes[i], &nodes[j], format!("both reach {shared}")));
+            }
+        }
+    }
+    let ready = join_all(instances.iter().map(|i| i.conn.ready(within))).await;
+    let ids = join_all(instances.iter().zip(&ready).map(|(i, ok)| async move {
+        if *ok {
+            i.conn.run_id(within).await
+        } else {
+            None
+        }
+    }))
+    .await;
+    for (i, node) in nodes.iter().enumerate() {
+        if !ready[i] {
+            tracing::warn!(
+                backend = NAME,
+                master = %node,
+                "a RedLock master did not answer at connect; locks work while a majority answers, and it joins when it does"
+            );
+            continue;
+        }
+        for j in i + 1..nodes.len() {
+            if ids[i].is_some() && ids[i] == ids[j] {
+                return Err(twice(node, &nodes[j], "one server answers on both".into()));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Attempts made in this process: each writes a token of its own.
 static ATTEMPTS: AtomicU64 = AtomicU64::new(0);
 
@@ -90,8 +147,11 @@ impl RedLockBackend {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidConfig`] for a topology that is not RedLock, or TLS
-    /// without the `tls` feature. Instances that are down are no error here.
+    /// [`ErrorKind::InvalidConfig`] for a topology that is not RedLock, TLS
+    /// without the `tls` feature, or one master listed twice (two names
+    /// that resolve to one address, or two that answer with one `run_id`):
+    /// it would count twice toward the majority. Instances that are down are
+    /// no error here; each is reported once as a warning through `tracing`.
     ///
     /// # Cancel safety
     ///
@@ -111,7 +171,7 @@ impl RedLockBackend {
                 wake: Wakeups::new(client, cfg.response_timeout),
             });
         }
-        join_all(instances.iter().map(|i| i.conn.ready(cfg.connect_timeout))).await;
+        refuse_one_master_twice(nodes, &instances, cfg.connect_timeout).await?;
         Ok(RedLockBackend {
             instances: Arc::new(instances),
             cfg,
@@ -623,10 +683,10 @@ impl BackendLease for RedLockLease {
 
     /// Compare-and-delete on every instance, returning once a majority
     /// released it or all answered (the rest finish in the background):
-    /// `Released` when any instance released it, `NotHeld` when a majority
-    /// answered that it was not
-    /// this owner's; otherwise (too few answers) `Indeterminate`, and the
-    /// keys that remain end by their ttl.
+    /// `NotHeld` when a majority answered that it was not this owner's (the
+    /// lease was lost, even if a minority still had it), else `Released`
+    /// when any instance released it; otherwise (too few answers)
+    /// `Indeterminate`, and the keys that remain end by their ttl.
     async fn release(&self) -> Result<Released> {
         // Sent on each instance after the acquire's call there, if that
         // was still out.
@@ -639,11 +699,13 @@ impl BackendLease for RedLockLease {
             acquiring,
         )
         .await;
-        if n.released >= 1 {
-            return Ok(Released::Released);
-        }
+        // A majority that no longer had the lease decides: it was lost,
+        // whatever a minority still held.
         if n.refused >= self.quorum {
             return Ok(Released::NotHeld);
+        }
+        if n.released >= 1 {
+            return Ok(Released::Released);
         }
         Err(Error::new(
             ErrorKind::Indeterminate,

@@ -370,6 +370,53 @@ async fn redlock_majority_rules(ctx: Ctx) {
     }
 }
 
+/// One master listed twice, under two spellings (`127.0.0.1` and
+/// `localhost`, or the same address twice), is refused at connect with
+/// `InvalidConfig`: it would count twice toward the majority.
+async fn redlock_one_master_twice_is_refused(_ctx: Ctx) {
+    let hosts = redlock_hosts();
+    let port = hosts[0].rsplit_once(':').expect("host:port").1;
+    for url in [
+        format!("redlock://{},localhost:{port},{}", hosts[0], hosts[1]),
+        format!("redlock://{},{},{}", hosts[0], hosts[1], hosts[0]),
+    ] {
+        let e = lockcore_redis::connect(&url)
+            .await
+            .expect_err("a master listed twice was accepted");
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}: {e}");
+        assert!(e.to_string().contains("twice"), "{e}");
+    }
+}
+
+/// A release that a majority refuses (the lease was gone there: expired,
+/// or the keys removed) reports the lease lost, even when one master still
+/// had it and released it.
+async fn redlock_release_refused_by_a_majority_is_lost(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let hosts = redlock_hosts();
+    let name = ctx.name("majority-refused");
+    let key = lockcore_redis::lock_key("lock:", &name);
+    let g = l
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(30))
+                .renew(false)
+                .wait(Wait::Try),
+        )
+        .await
+        .expect("acquire")
+        .expect("free");
+    for host in &hosts[..3] {
+        del_on(host, &key).await;
+    }
+    let e = g
+        .release()
+        .await
+        .expect_err("a release refused by 3 of 5 masters reported success");
+    assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+}
+
 /// The RedLock leader is the token a majority of masters hold, as the
 /// masters themselves say: a key on two of five is no leader, on three it
 /// is (with the value after its token); with two masters down the leader
@@ -962,6 +1009,12 @@ fn main() -> std::process::ExitCode {
         })
         .case("redlock_majority_rules", |ctx| {
             Box::pin(redlock_majority_rules(ctx))
+        })
+        .case("redlock_one_master_twice_is_refused", |ctx| {
+            Box::pin(redlock_one_master_twice_is_refused(ctx))
+        })
+        .case("redlock_release_refused_by_a_majority_is_lost", |ctx| {
+            Box::pin(redlock_release_refused_by_a_majority_is_lost(ctx))
         })
         .case("redlock_leader_is_the_majority_holder", |ctx| {
             Box::pin(redlock_leader_is_the_majority_holder(ctx))
