@@ -52,7 +52,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{validate_name, Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
+use crate::name::validate_primitive_name;
+use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
 
 /// The longest value a candidate may campaign with, in bytes.
 pub const MAX_VALUE_BYTES: usize = 1024;
@@ -88,7 +89,7 @@ impl Election {
     /// beside a lease or cannot be asked who holds a name.
     pub fn new(locker: &Locker, name: &str) -> Result<Self> {
         let backend = locker.backend_name();
-        validate_name(backend, name)?;
+        validate_primitive_name(backend, name)?;
         let caps = locker.capabilities();
         if !(caps.values && caps.inspect) {
             return Err(Error::invalid_config(

@@ -5,6 +5,17 @@
 //! and SQL quotes are ordinary names. Backends whose keyspace is a path
 //! (ZooKeeper, etcd) map a name to one segment with [`encode_segment`], never
 //! by pasting it in.
+//!
+//! **Parts.** A primitive built from locks (a semaphore's slots, a
+//! read-write lock's writers' gate and reader slots) names them after its
+//! own name, joined by [`PART_SEPARATOR`] (U+001F, a control character), so
+//! no user name reaches them: a lock named `cfg/write` is not the gate of
+//! the read-write lock `cfg`, whose gate is `cfg` U+001F `write`. The
+//! separator is accepted only in the exact names of parts (see
+//! [`is_part_name`]), so that a test or an operator can look at a part by
+//! the name the primitive gives ([`RwLock::gate_name`](crate::RwLock::gate_name),
+//! [`Semaphore::slot_name`](crate::Semaphore::slot_name)); a primitive's own
+//! name may not contain it.
 
 use std::borrow::Cow;
 
@@ -12,6 +23,62 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The longest name accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
+
+/// Joins a primitive's name and the name of one of the locks it is built
+/// of (see [Parts](self#parts)).
+pub const PART_SEPARATOR: char = '\u{1f}';
+
+/// Whether `name` is the name of a part of a primitive: a name without
+/// control characters, then [`PART_SEPARATOR`] and `write`,
+/// `permit-NNNN`, or `read`, the separator and `permit-NNNN` (four
+/// digits).
+///
+/// ```
+/// use lockcore::name::is_part_name;
+///
+/// assert!(is_part_name("cfg\u{1f}write"));
+/// assert!(is_part_name("cfg\u{1f}read\u{1f}permit-0003"));
+/// assert!(!is_part_name("cfg/write"));
+/// assert!(!is_part_name("cfg\u{1f}other"));
+/// ```
+pub fn is_part_name(name: &str) -> bool {
+    let permit = |p: &str| {
+        p.strip_prefix("permit-")
+            .is_some_and(|d| d.len() == 4 && d.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let mut parts = name.split(PART_SEPARATOR);
+    let base = parts.next().unwrap_or_default();
+    if base.is_empty() || base.chars().any(char::is_control) {
+        return false;
+    }
+    let rest: Vec<&str> = parts.collect();
+    match rest.as_slice() {
+        ["write"] => true,
+        [p] => permit(p),
+        ["read", p] => permit(p),
+        _ => false,
+    }
+}
+
+/// Checks the name of a primitive (a semaphore, read-write lock or
+/// election): a valid lock name that is not a part's.
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidName`] as [`validate_name`], and for a name with the
+/// parts' separator.
+pub(crate) fn validate_primitive_name(backend: &'static str, name: &str) -> Result<()> {
+    validate_name(backend, name)?;
+    if name.contains(PART_SEPARATOR) {
+        return Err(Error::new(
+            ErrorKind::InvalidName,
+            backend,
+            "U+001F separates a primitive's name from the locks it is built of: a primitive's name must not contain it",
+        )
+        .or_name(name));
+    }
+    Ok(())
+}
 
 /// Checks a lock name; `backend` is named in the error.
 ///
@@ -35,12 +102,15 @@ pub fn validate_name(backend: &'static str, name: &str) -> Result<()> {
             name.len()
         ))
     } else {
-        name.char_indices().find(|(_, c)| c.is_control()).map(|(i, c)| {
-            format!(
-                "a lock name must not contain NUL or control characters (found U+{:04X} at byte {i})",
-                c as u32
-            )
-        })
+        let part = name.contains(PART_SEPARATOR) && is_part_name(name);
+        name.char_indices()
+            .find(|(_, c)| c.is_control() && !(part && *c == PART_SEPARATOR))
+            .map(|(i, c)| {
+                format!(
+                    "a lock name must not contain NUL or control characters (found U+{:04X} at byte {i})",
+                    c as u32
+                )
+            })
     };
     match problem {
         None => Ok(()),
@@ -60,7 +130,7 @@ pub(crate) fn validate_compound_name(
     suffix: &str,
     what: &str,
 ) -> Result<()> {
-    validate_name(backend, name)?;
+    validate_primitive_name(backend, name)?;
     if name.len() + suffix.len() > MAX_NAME_BYTES {
         return Err(Error::new(
             ErrorKind::InvalidName,

@@ -10,12 +10,15 @@
 //! readers lock a row of the lock's own shared and writers for update,
 //! and the server queues readers behind a waiting writer.
 //!
-//! On the others, read-write lock `L` is made of the lock `L/write` (the
+//! On the others, read-write lock `L` is made of the lock `L␟write` (the
 //! writers' gate) and a [`Semaphore`] of reader slots named
-//! `L/read/permit-<i>` ([`MAX_READERS`] of them), all ordinary locks of the
-//! backend the [`Locker`] talks to, each taken by an owner of its own.
+//! `L␟read␟permit-<i>` ([`MAX_READERS`] of them; `␟` is
+//! [`PART_SEPARATOR`](crate::name::PART_SEPARATOR), U+001F, which no user
+//! name contains, so a lock named `L/write` is another name), all ordinary
+//! locks of the backend the [`Locker`] talks to, each taken by an owner of
+//! its own.
 //!
-//! - A **reader** passes the gate (takes `L/write` and lets it go at once),
+//! - A **reader** passes the gate (takes `L␟write` and lets it go at once),
 //!   then takes one reader slot.
 //! - A **writer** takes the gate and keeps it, then takes every reader slot
 //!   in order, so it waits for the readers inside to leave.
@@ -66,7 +69,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::select_all;
 
-use crate::name::validate_compound_name;
+use crate::name::{validate_compound_name, PART_SEPARATOR};
 use crate::semaphore::{Permit, Semaphore};
 use crate::{Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, Result, Wait};
 
@@ -85,7 +88,7 @@ pub const MAX_READERS: u32 = 16;
 pub const TRY_GATE: Duration = Duration::from_secs(2);
 
 /// What the longest part name adds to the lock's name.
-const LONGEST_SUFFIX: &str = "/read/permit-0000";
+const LONGEST_SUFFIX: &str = "\u{1f}read\u{1f}permit-0000";
 
 /// A read-write lock (see the [module docs](self)).
 #[derive(Debug, Clone)]
@@ -124,7 +127,7 @@ impl RwLock {
         Ok(RwLock {
             locker: locker.clone(),
             name: name.to_owned(),
-            readers: Semaphore::built(locker, &format!("{name}/read"), MAX_READERS)?,
+            readers: Semaphore::built(locker, &format!("{name}{PART_SEPARATOR}read"), MAX_READERS)?,
             native,
         })
     }
@@ -137,7 +140,7 @@ impl RwLock {
     /// The name of the writers' gate lock of the built layout (a native
     /// layout has none).
     pub fn gate_name(&self) -> String {
-        format!("{}/write", self.name)
+        format!("{}{PART_SEPARATOR}write", self.name)
     }
 
     /// The semaphore of the reader slots of the built layout (unused in a

@@ -14,7 +14,9 @@
 //! out differently has none: [`Semaphore::new`] refuses it.
 //!
 //! On the others, permit `i` (from 0) of semaphore `S` is the lock named
-//! `S/permit-<i>` (four digits, `S/permit-0000`), taken by an owner of its
+//! `S␟permit-<i>` (four digits, `S␟permit-0000`; `␟` is
+//! [`PART_SEPARATOR`](crate::name::PART_SEPARATOR), U+001F, which no user
+//! name contains, so a lock named `S/permit-0000` is another name), taken by an owner of its
 //! own, on whichever backend the [`Locker`] talks to. So a permit has every
 //! promise of that backend's lock: its lease kind, its fencing (a permit's
 //! token is its slot lock's: it rises strictly across the holders of one
@@ -75,7 +77,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::name::validate_compound_name;
+use crate::name::{validate_compound_name, PART_SEPARATOR};
 use crate::{Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, Result, Wait};
 
 /// The most permits a semaphore may have.
@@ -86,7 +88,7 @@ pub const MAX_PERMITS: u32 = 1000;
 const BEYOND: u32 = 8;
 
 /// What a slot adds to the semaphore's name.
-const LONGEST_SUFFIX: &str = "/permit-0000";
+const LONGEST_SUFFIX: &str = "\u{1f}permit-0000";
 
 /// A counting semaphore: at most `permits` [`Permit`]s of one name at once,
 /// across every process using the same backend (see the [module
@@ -115,6 +117,7 @@ impl Semaphore {
     /// lock would refuse, or too long to leave room for the slot suffix.
     pub fn new(locker: &Locker, name: &str, permits: u32) -> Result<Self> {
         let backend = locker.backend_name();
+        validate_compound_name(backend, name, LONGEST_SUFFIX, "a semaphore")?;
         let native = match locker.capabilities().semaphore_layout {
             Layout::Built => false,
             Layout::Native => true,
@@ -134,7 +137,7 @@ impl Semaphore {
 
     /// A semaphore in the layout built from locks, whatever the backend's
     /// own: a read-write lock's reader slots, which its writers take by
-    /// name.
+    /// name. `name` was checked by the caller (it may be a part's).
     pub(crate) fn built(locker: &Locker, name: &str, permits: u32) -> Result<Self> {
         let backend = locker.backend_name();
         if !(1..=MAX_PERMITS).contains(&permits) {
@@ -143,7 +146,6 @@ impl Semaphore {
                 format!("a semaphore has 1 to {MAX_PERMITS} permits, not {permits}"),
             ));
         }
-        validate_compound_name(backend, name, LONGEST_SUFFIX, "a semaphore")?;
         Ok(Semaphore {
             locker: locker.clone(),
             name: name.to_owned(),
@@ -166,7 +168,7 @@ impl Semaphore {
     /// The lock name of slot `i` in the built layout: what
     /// [`Locker::inspect`] asks about (a native layout has no slots).
     pub fn slot_name(&self, i: u32) -> String {
-        format!("{}/permit-{i:04}", self.name)
+        format!("{}{PART_SEPARATOR}permit-{i:04}", self.name)
     }
 
     /// One attempt: a permit, or `None` when all are held.

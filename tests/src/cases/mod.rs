@@ -126,6 +126,9 @@ pub fn cases() -> Vec<Case> {
         case!(names::odd_and_invalid_names),
         case!(names::odd_names_at_the_root),
         case!(names::many_names_held_at_once),
+        case!(names::primitive_parts_are_apart_from_names, |c| {
+            unless_rwlock(c).or_else(|| unless_semaphore(c))
+        }),
         case!(cancel::cancel_safety_of_dropped_acquire),
         case!(cancel::dropped_at_random_points),
         case!(unavailable::server_absent_gives_unavailable, |c| (!c

@@ -118,3 +118,66 @@ pub async fn many_names_held_at_once(ctx: Ctx) {
         must_try(&b, n).await.release().await.expect("release");
     }
 }
+
+/// The locks a primitive is built of live in a namespace of their own that
+/// no user name reaches: a lock named like a read-write lock's writers'
+/// gate (`cfg/write`) or a semaphore's slot (`x/permit-0000`), and a
+/// semaphore named like a read-write lock's reader slots (`cfg/read`), are
+/// other names than the primitive's parts, taken and held beside it. A
+/// primitive refuses a name that holds the parts' separator.
+pub async fn primitive_parts_are_apart_from_names(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let base = ctx.name("parts");
+
+    // The writers' gate and every reader slot are held by a writer.
+    let rw = lockcore::RwLock::new(&a, &format!("{base}/cfg")).expect("rwlock");
+    let w = rw.try_write().await.expect("try").expect("free");
+    let gate_like = must_try(&b, &format!("{base}/cfg/write")).await;
+    let readers_like =
+        lockcore::Semaphore::new(&b, &format!("{base}/cfg/read"), 4).expect("semaphore");
+    let p = readers_like
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("a semaphore named like a writer-held lock's reader slots is free");
+    must_be_held(&b, &format!("{base}/cfg/write")).await;
+    w.release().await.expect("release");
+    // And the other way round: those names held, the read-write lock is free.
+    let r = rw.try_read().await.expect("try").expect("readers pass");
+    r.release().await.expect("release");
+    let w = rw.try_write().await.expect("try").expect("writers pass");
+    w.release().await.expect("release");
+    gate_like.release().await.expect("release");
+    p.release().await.expect("release");
+
+    // A semaphore's slot.
+    let sem = lockcore::Semaphore::new(&a, &format!("{base}/x"), 1).expect("semaphore");
+    let permit = sem.try_acquire().await.expect("try").expect("free");
+    let slot_like = must_try(&b, &format!("{base}/x/permit-0000")).await;
+    assert!(
+        sem.try_acquire().await.expect("try").is_none(),
+        "one permit"
+    );
+    permit.release().await.expect("release");
+    let permit = sem
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("free beside a lock of a slot-like name");
+    permit.release().await.expect("release");
+    slot_like.release().await.expect("release");
+
+    // Names with the parts' separator are no user names.
+    let part = format!("{base}\u{1f}write");
+    let e = lockcore::Semaphore::new(&a, &part, 2).expect_err("a part's name as a semaphore");
+    assert_eq!(e.kind(), ErrorKind::InvalidName, "{e}");
+    let e = lockcore::RwLock::new(&a, &part).expect_err("a part's name as a read-write lock");
+    assert_eq!(e.kind(), ErrorKind::InvalidName, "{e}");
+    let e = lockcore::Election::new(&a, &part).expect_err("a part's name as an election");
+    assert_eq!(e.kind(), ErrorKind::InvalidName, "{e}");
+    let e = a
+        .try_lock(&format!("{base}\u{1f}other"))
+        .await
+        .expect_err("a separator in a lock name");
+    assert_eq!(e.kind(), ErrorKind::InvalidName, "{e}");
+}
