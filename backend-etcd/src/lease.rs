@@ -73,6 +73,23 @@ pub(crate) struct EtcdLease {
     pub(crate) finished: AtomicBool,
 }
 
+impl EtcdLease {
+    /// Whether the server still has this lock's lease (time to live above
+    /// zero); false also when it cannot be asked.
+    async fn lease_alive(&self, limit: Duration) -> bool {
+        let mut lc = self.backend.inner.client.lease_client();
+        self.backend
+            .request(
+                limit,
+                "reading the lease's time to live",
+                false,
+                lc.time_to_live(self.lease, None),
+            )
+            .await
+            .is_ok_and(|r| r.ttl() > 0)
+    }
+}
+
 impl fmt::Debug for EtcdLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLease")
@@ -166,6 +183,7 @@ impl BackendLease for EtcdLease {
         let give_up = Instant::now() + limit;
         let per_try = (limit / 3).max(Duration::from_millis(300));
         let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        let mut retried = false;
         let res = loop {
             let res = b
                 .request(per_try, "deleting the lock key", false, kv.txn(txn.clone()))
@@ -178,11 +196,19 @@ impl BackendLease for EtcdLease {
                     }
                     tracing::debug!(backend = NAME, name = %self.name, error = %e, "deleting the lock key failed; retrying");
                     tokio::time::sleep(delay).await;
+                    retried = true;
                 }
                 other => break other,
             }
         };
-        let deleted = matches!(&res, Ok(r) if r.succeeded());
+        let mut deleted = matches!(&res, Ok(r) if r.succeeded());
+        if retried && !deleted && res.is_ok() {
+            // The key is gone, but a try before may have deleted it and lost
+            // its reply. Only this holder deletes its key while its lease
+            // lives (an expiry or a revoke ends the lease with the key), so
+            // a live lease says the delete was ours.
+            deleted = self.lease_alive(limit).await;
+        }
         let spare = Spare {
             id: self.lease,
             valid_until: *lock(&self.valid_until),
@@ -193,7 +219,8 @@ impl BackendLease for EtcdLease {
                 revoke(b.clone(), self.lease, limit),
             );
         }
-        Ok(if res?.succeeded() {
+        res?;
+        Ok(if deleted {
             Released::Released
         } else {
             Released::NotHeld

@@ -227,6 +227,52 @@ async fn stalled_holder_loses_lease(ctx: Ctx) {
     g2.release().await.expect("release");
 }
 
+/// A clean release whose delete reached the server but whose reply was
+/// lost (the proxy drops every reply until the key is gone on the server,
+/// then cuts the connection) is retried; the retry finds the key gone, by this release,
+/// and reports `Released`, not a lost lease.
+async fn a_release_whose_reply_was_lost_is_released(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let routed = proxies.route_url(&ctx.config, 2379).await.expect("proxy");
+    let l = lockcore_etcd::connect(&routed).await.expect("connect");
+    let other = ctx.locker().await;
+    let name = ctx.name("release-reply-lost");
+    let g = l
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(10))
+                .renew(false)
+                .wait(Wait::Try),
+        )
+        .await
+        .expect("acquire")
+        .expect("free");
+    proxies.blackhole(Dir::Down);
+    let releasing = tokio::spawn(async move { g.release().await });
+    until(
+        "the key deleted on the server",
+        Duration::from_secs(10),
+        || async {
+            other
+                .inspect(&name)
+                .await
+                .expect("inspect")
+                .is_some_and(|i| i.holder.is_none())
+        },
+    )
+    .await;
+    // The connection that lost the reply is cut: the client retries on a
+    // new one.
+    proxies.heal();
+    proxies.reset();
+    let r = tokio::time::timeout(Duration::from_secs(20), releasing)
+        .await
+        .expect("the release hung")
+        .expect("task");
+    r.expect("a clean release whose delete was retried reported an error");
+}
+
 /// Compactions land between a waiter's read and its predecessor watch (its
 /// requests slowed down by 1.5 s through a proxy): the waiter still wakes
 /// promptly when the holder releases. (Predecessor watches start at the
@@ -641,6 +687,9 @@ fn main() -> std::process::ExitCode {
             .only_own_cases()
             .case("stalled_holder_loses_lease", |ctx| {
                 Box::pin(stalled_holder_loses_lease(ctx))
+            })
+            .case("a_release_whose_reply_was_lost_is_released", |ctx| {
+                Box::pin(a_release_whose_reply_was_lost_is_released(ctx))
             })
             .case("compaction_during_long_wait", |ctx| {
                 Box::pin(compaction_during_long_wait(ctx))
