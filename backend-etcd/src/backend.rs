@@ -18,7 +18,7 @@ use lockcore::sync::lock;
 
 use crate::config::{EtcdConfig, NAME};
 use crate::error::{is_lease_not_found, map_err};
-use crate::keys::{first_kv, header_rev, lease_id_of, range_of};
+use crate::keys::{first_kv, header_rev, lease_id_of, range_of, OWNER_MARK};
 use crate::lease::{revoke, EtcdLease};
 use crate::spare::{Spare, SpareLeases};
 use crate::wait::Turn;
@@ -249,18 +249,22 @@ impl EtcdBackend {
         Ok(sent)
     }
 
-    /// Puts `key` on `lease` if it does not exist yet, with `value` (empty
-    /// for a plain lock, as `concurrency.Mutex` puts it; a candidate's value
-    /// as `concurrency.Election` puts it); returns its create revision and
-    /// that of the oldest key of the lock (the holder's).
+    /// Puts `key` on `lease` if it does not exist yet, with `value` (a
+    /// candidate's value, as `concurrency.Election` puts it; for a plain
+    /// lock, its owner token behind [`OWNER_MARK`], where
+    /// `concurrency.Mutex` puts nothing and reads nothing); returns its
+    /// create revision and that of the oldest key of the lock (the
+    /// holder's).
     async fn create_key(
         &self,
         key: &str,
         range: &str,
         lease: i64,
         value: Option<&str>,
+        owner: OwnerToken,
         limit: Duration,
     ) -> Result<(i64, Option<i64>)> {
+        let stored = value.map_or_else(|| format!("{OWNER_MARK}{owner}"), str::to_owned);
         let first = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
@@ -269,11 +273,7 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(
-                    key,
-                    value.unwrap_or_default(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
+                TxnOp::put(key, stored, Some(PutOptions::new().with_lease(lease))),
                 TxnOp::get(range, Some(first.clone())),
             ])
             .or_else([TxnOp::get(key, None), TxnOp::get(range, Some(first))]);
@@ -346,7 +346,7 @@ impl EtcdBackend {
             None => {
                 let sent = self.grant_lease(lease, ttl, limit).await?;
                 let created = self
-                    .create_key(&key, &range, lease, req.value, limit)
+                    .create_key(&key, &range, lease, req.value, req.owner, limit)
                     .await?;
                 (validity_deadline(sent, ttl), created)
             }
@@ -356,12 +356,14 @@ impl EtcdBackend {
                 // has its whole ttl but for that, as the validity says.
                 let fresh = spare.valid_until + ttl / 100 >= validity_deadline(sent, ttl);
                 let (alive, created) = if fresh {
-                    let created = self.create_key(&key, &range, lease, req.value, limit).await;
+                    let created = self
+                        .create_key(&key, &range, lease, req.value, req.owner, limit)
+                        .await;
                     (None, created)
                 } else {
                     let (alive, created) = tokio::join!(
                         self.keep_alive_once(lease, limit),
-                        self.create_key(&key, &range, lease, req.value, limit)
+                        self.create_key(&key, &range, lease, req.value, req.owner, limit)
                     );
                     (Some(alive), created)
                 };
@@ -532,12 +534,19 @@ impl Backend for EtcdBackend {
             };
             if i == 0 {
                 holder = g.kvs().first().map(|kv| {
-                    let owner = String::from_utf8_lossy(kv.key())
-                        .strip_prefix(range.as_str())
-                        .map(str::to_owned);
-                    // A plain lock's key is empty, as concurrency.Mutex's.
-                    let value = Some(String::from_utf8_lossy(kv.value()).into_owned())
-                        .filter(|v| !v.is_empty());
+                    let stored = String::from_utf8_lossy(kv.value()).into_owned();
+                    // Our plain lock's value is its owner token behind the
+                    // mark; another client's key (etcdctl lock) is named by
+                    // its key, and a candidate's value is its value.
+                    let (owner, value) = match stored.strip_prefix(OWNER_MARK) {
+                        Some(token) => (Some(token.to_owned()), None),
+                        None => (
+                            String::from_utf8_lossy(kv.key())
+                                .strip_prefix(range.as_str())
+                                .map(str::to_owned),
+                            Some(stored).filter(|v| !v.is_empty()),
+                        ),
+                    };
                     HolderInfo::new(owner, u64::try_from(kv.create_revision()).ok(), None)
                         .with_value(value)
                 });

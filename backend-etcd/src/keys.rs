@@ -37,3 +37,9 @@ pub(crate) fn first_kv(op: Option<&TxnOpResponse>) -> Option<(Vec<u8>, i64)> {
         _ => None,
     }
 }
+
+/// What a plain lock's key holds before its owner token: a control
+/// character and a word, which no candidate's value (`etcdctl elect`
+/// writes a line of text) starts with. `concurrency.Mutex` writes and reads
+/// nothing there.
+pub(crate) const OWNER_MARK: &str = "\u{1f}lockcore-owner ";

@@ -609,6 +609,9 @@ fn majority_holder(views: &[Option<(Option<String>, i64)>], quorum: usize) -> Op
         Some((owner, value)) => (owner, Some(value.to_owned())),
         None => (*token, None),
     };
+    // `<owner token>.<attempt>`: the owner token alone, as every backend
+    // reports it (the two halves of a migrating lock compare equal).
+    let owner = owner.split_once('.').map_or(owner, |(o, _)| o);
     Some(HolderInfo::new(Some(owner.to_owned()), None, ttl).with_value(value))
 }
 

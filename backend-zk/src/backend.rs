@@ -625,9 +625,12 @@ impl Backend for ZkBackend {
                 // client wrote (Curator writes the host address).
                 let value = Some(String::from_utf8_lossy(&data).into_owned())
                     .filter(|v| !is_own_token(&node.name, v));
-                let holder =
-                    HolderInfo::new(Some(node.name.clone()), u64::try_from(czxid).ok(), None)
-                        .with_value(value);
+                let holder = HolderInfo::new(
+                    Some(recipe::owner_of(&node.name)),
+                    u64::try_from(czxid).ok(),
+                    None,
+                )
+                .with_value(value);
                 return Ok(Some(LockInfo::new(Some(holder), Some(queue.len() - i - 1))));
             }
         }

@@ -92,6 +92,20 @@ pub(crate) fn uuid_of(owner: OwnerToken) -> String {
     )
 }
 
+/// Who holds node `node`, as `inspect` reports it: the owner token (32
+/// lowercase hex digits) of a node of ours or of any client that writes a
+/// Curator protection id (`_c_<uuid>-...`), else the node's name.
+pub(crate) fn owner_of(node: &str) -> String {
+    let uuid = node.strip_prefix("_c_").and_then(|rest| rest.get(..36));
+    let token = uuid.filter(|u| {
+        u.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
+        })
+    });
+    token.map_or_else(|| node.to_owned(), |u| u.replace('-', ""))
+}
+
 /// The prefix of our node for `owner` (ZooKeeper appends the sequence):
 /// an `InterProcessReadWriteLock` reader's or writer's for those modes, a
 /// `LeaderLatch` participant's for a lease with a value (a candidate of an
@@ -198,6 +212,15 @@ pub(crate) fn blocker(queue: &[Contender], pos: usize) -> Option<&Contender> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_of_a_node() {
+        let o = OwnerToken::from_u128(0x0123456789abcdef_fedcba9876543210);
+        let node = format!("{}0000000007", node_prefix(o, false, Mode::Exclusive));
+        assert_eq!(owner_of(&node), o.to_string());
+        assert_eq!(owner_of("x-__lock__0000000001"), "x-__lock__0000000001");
+        assert_eq!(owner_of("_c_not-a-uuid-lock-01"), "_c_not-a-uuid-lock-01");
+    }
 
     #[test]
     fn uuid_form() {

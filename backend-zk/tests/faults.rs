@@ -310,9 +310,18 @@ async fn release_deletes_a_late_twin(ctx: Ctx) {
         .expect("inspect")
         .and_then(|i| i.holder)
         .and_then(|h| h.owner)
-        .expect("the holder's node");
-    // `_c_<uuid>-lock-<10 digits>`: the prefix is all but the sequence.
-    let prefix = &holder[..holder.len() - 10];
+        .expect("the holder's owner token");
+    // Our node is `_c_<the token as a uuid>-lock-<10 digits>`.
+    let t = &holder;
+    assert_eq!(t.len(), 32, "an owner token: {t}");
+    let prefix = &format!(
+        "_c_{}-{}-{}-{}-{}-lock-",
+        &t[0..8],
+        &t[8..12],
+        &t[12..16],
+        &t[16..20],
+        &t[20..32]
+    );
     let parent = lockcore_zk::lock_parent(&cfg(&ctx), &name);
     let raw = raw(&ctx).await;
     let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());

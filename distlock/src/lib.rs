@@ -81,7 +81,7 @@ macro_rules! entry {
 }
 
 /// `OLD|NEW[#fence_offset=N]`, connected to both.
-async fn connect_migrating(pair: &str, offset: u64) -> Result<Locker> {
+async fn connect_migrating(pair: &str, offset: u64) -> Result<migrate::Migrating> {
     // Only redacted parts of the URLs go into errors.
     let bad = |why: &str| {
         let shown: Vec<String> = pair.split('|').map(lockcore::address::redact).collect();
@@ -111,7 +111,7 @@ async fn connect_migrating(pair: &str, offset: u64) -> Result<Locker> {
             e
         }
     })?;
-    Ok(Locker::new(pair))
+    Ok(pair)
 }
 
 /// Splits `#fence_offset=N` off the end of a lock URL.
@@ -192,7 +192,7 @@ fn backends() -> [Entry; 4] {
 pub async fn connect(url: &str) -> Result<Locker> {
     let (url, offset) = split_options(url)?;
     if let Some(pair) = url.strip_prefix("migrate:") {
-        return connect_migrating(pair, offset).await;
+        return Ok(Locker::new(connect_migrating(pair, offset).await?));
     }
     let locker = connect_one(url).await?;
     Ok(if offset == 0 {
@@ -200,6 +200,41 @@ pub async fn connect(url: &str) -> Result<Locker> {
     } else {
         Locker::new(migrate::OffsetFences::new(locker.backend().clone(), offset))
     })
+}
+
+/// Connects to the two backends of a `migrate:OLD|NEW[#fence_offset=N]`
+/// URL, as [`connect`] does, and returns the pair itself: for
+/// [`Migrating::sides`](migrate::Migrating::sides), the check before phase
+/// 3, beside [`Locker::new`] for its locks.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock::Result<()> {
+/// let pair = distlock::connect_migration("migrate:memory://doc-old|memory://doc-new").await?;
+/// assert_eq!(pair.sides("jobs").await?.verdict(), "free");
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidConfig`] for a URL that is not `migrate:`, and as
+/// [`connect`].
+///
+/// # Cancel safety
+///
+/// As [`connect`].
+pub async fn connect_migration(url: &str) -> Result<migrate::Migrating> {
+    let (url, offset) = split_options(url)?;
+    match url.strip_prefix("migrate:") {
+        Some(pair) => connect_migrating(pair, offset).await,
+        None => Err(Error::invalid_config(
+            FACADE,
+            format!(
+                "{}: not a migration URL (migrate:OLD|NEW)",
+                lockcore::address::redact(url)
+            ),
+        )),
+    }
 }
 
 /// Connects to one backend by its URL's scheme.

@@ -179,6 +179,62 @@ async fn one_store_twice_is_refused() {
     );
 }
 
+/// `distlock inspect` on the `migrate:` URL of `new_var`'s migration, as
+/// JSON.
+async fn inspect_migration(new_var: &str, name: &str) -> serde_json::Value {
+    let bin = std::env::var("LOCKTEST_DISTLOCK_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_distlock").to_owned());
+    let out = tokio::process::Command::new(bin)
+        .args(["--url", &migrating(new_var), "inspect", "--json", name])
+        .output()
+        .await
+        .expect("distlock runs");
+    assert!(
+        out.status.success(),
+        "inspect failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The README's phase-3 check: `distlock inspect --url 'migrate:OLD|NEW'
+/// NAME` says whether the name is held by one migrating owner on both
+/// backends (the same owner token on each), on the old backend only (an
+/// old-only client still runs: not safe to start phase 3), or free.
+async fn phase_three_check(new_var: &'static str, name: String) {
+    let verdict = |v: &serde_json::Value| v["migration"]["verdict"].as_str().map(str::to_owned);
+    let free = inspect_migration(new_var, &name).await;
+    assert_eq!(verdict(&free).as_deref(), Some("free"), "{free}");
+
+    let migrating_client = distlock::connect(&migrating(new_var))
+        .await
+        .expect("migrating");
+    let g = migrating_client.lock(&name).await.expect("lock");
+    let both = inspect_migration(new_var, &name).await;
+    assert_eq!(verdict(&both).as_deref(), Some("migrating"), "{both}");
+    let (old, new) = (
+        &both["migration"]["old_owner"],
+        &both["migration"]["new_owner"],
+    );
+    assert!(
+        old.is_string() && old == new,
+        "one owner token on both: {both}"
+    );
+    g.release().await.expect("release");
+
+    let old_only = distlock::connect(&var("LOCKTEST_REDIS_URL"))
+        .await
+        .expect("old");
+    let g = old_only.lock(&name).await.expect("lock");
+    let old_side = inspect_migration(new_var, &name).await;
+    assert_eq!(
+        verdict(&old_side).as_deref(),
+        Some("old_only"),
+        "{old_side}"
+    );
+    g.release().await.expect("release");
+}
+
 /// `distlock bench` on a migration with no read-write lock and no
 /// semaphore measures the rest and says so, instead of failing.
 async fn bench_runs_without_a_read_write_lock(url: String) {
@@ -231,6 +287,9 @@ fn main() -> std::process::ExitCode {
         .case("semaphore_migrates_with_the_built_layout", |ctx| {
             Box::pin(semaphore_migrates_with_the_built_layout(ctx.name("sem")))
         })
+        .case("phase_three_check", |ctx| {
+            Box::pin(phase_three_check("LOCKTEST_ZK_URL", ctx.name("phase3")))
+        })
         .case("one_store_twice_is_refused", |_| {
             Box::pin(one_store_twice_is_refused())
         })
@@ -248,6 +307,9 @@ fn main() -> std::process::ExitCode {
                 var("LOCKTEST_ETCD_URL"),
                 ctx.name("forbidden"),
             ))
+        })
+        .case("phase_three_check", |ctx| {
+            Box::pin(phase_three_check("LOCKTEST_ETCD_URL", ctx.name("phase3")))
         })
         .case("offset_keeps_tokens_rising", |ctx| {
             Box::pin(offset_keeps_tokens_rising(

@@ -314,7 +314,10 @@ pub struct LockInfo {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HolderInfo {
-    /// The holder's owner token or node, as the backend stores it.
+    /// The holder's owner token: for a holder of this library, its
+    /// [`OwnerToken`] (32 lowercase hex digits) on every backend, the same
+    /// for the two halves of a migrating lock; for another client (Curator,
+    /// kazoo, `etcdctl`), the node or key as the backend stores it.
     pub owner: Option<String>,
     /// The holder's fencing token.
     pub fence: Option<u64>,

@@ -166,6 +166,60 @@ impl Migrating {
         distinct
     }
 
+    /// Who holds `name` on each backend, and whether it is one migrating
+    /// owner (see [`Sides`]): the check before phase 3. Both backends must
+    /// be able to inspect.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use lockcore::{Locker, memory::MemoryBackend, migrate::{Migrating, Sides}};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockcore::Result<()> {
+    /// let (old, new) = (MemoryBackend::new(), MemoryBackend::new());
+    /// let pair = Migrating::new(Arc::new(old.clone()), Arc::new(new));
+    /// assert_eq!(pair.sides("jobs").await?, Sides::Free);
+    /// let g = Locker::new(pair.clone()).lock("jobs").await?;
+    /// assert_eq!(pair.sides("jobs").await?.verdict(), "migrating");
+    /// g.release().await?;
+    /// let g = Locker::new(old).lock("jobs").await?; // an old-only client
+    /// assert_eq!(pair.sides("jobs").await?.verdict(), "old_only");
+    /// # g.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidName`](crate::ErrorKind::InvalidName);
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) when a
+    /// backend cannot inspect; what either backend returns when it cannot
+    /// be asked.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn sides(&self, name: &str) -> Result<Sides> {
+        crate::validate_name(NAME, name)?;
+        let (old, new) = tokio::join!(self.old.inspect(name), self.new.inspect(name));
+        let (Some(old), Some(new)) = (old?, new?) else {
+            return Err(Error::invalid_config(
+                NAME,
+                "a backend of this migration cannot inspect locks, so who holds a name cannot be compared",
+            )
+            .with_name(name));
+        };
+        let owner = |h: &crate::HolderInfo| h.owner.clone();
+        Ok(match (old.holder, new.holder) {
+            (None, None) => Sides::Free,
+            (Some(o), None) => Sides::OldOnly { owner: owner(&o) },
+            (None, Some(n)) => Sides::NewOnly { owner: owner(&n) },
+            (Some(o), Some(n)) => match (o.owner, n.owner) {
+                (Some(a), Some(b)) if a == b => Sides::Migrating { owner: a },
+                (a, b) => Sides::Split { old: a, new: b },
+            },
+        })
+    }
+
     /// The old backend.
     pub fn old(&self) -> &Arc<dyn Backend> {
         &self.old
@@ -174,6 +228,70 @@ impl Migrating {
     /// The new backend.
     pub fn new_backend(&self) -> &Arc<dyn Backend> {
         &self.new
+    }
+}
+
+/// Who holds a name on the two backends of a migration: the check before
+/// phase 3 (see the [procedure](self#the-procedure)), from
+/// [`Migrating::sides`]. Owners are the holders' owner tokens as the
+/// backends report them ([`HolderInfo::owner`](crate::HolderInfo::owner)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sides {
+    /// Held on neither backend.
+    Free,
+    /// Held by one migrating owner on both (the same owner token on each).
+    Migrating {
+        /// The owner token.
+        owner: String,
+    },
+    /// Held on the old backend only: an old-only client is still running
+    /// (or a migrating one is between its two steps): not safe to start
+    /// phase 3.
+    OldOnly {
+        /// The old backend's holder.
+        owner: Option<String>,
+    },
+    /// Held on the new backend only: a new-only client (phase 3 has begun).
+    NewOnly {
+        /// The new backend's holder.
+        owner: Option<String>,
+    },
+    /// Held on both, by owners that differ or cannot be compared: an
+    /// old-only and a new-only client at once, which must never be.
+    Split {
+        /// The old backend's holder.
+        old: Option<String>,
+        /// The new backend's holder.
+        new: Option<String>,
+    },
+}
+
+impl Sides {
+    /// A short name: `free`, `migrating`, `old_only`, `new_only`, `split`.
+    pub fn verdict(&self) -> &'static str {
+        match self {
+            Sides::Free => "free",
+            Sides::Migrating { .. } => "migrating",
+            Sides::OldOnly { .. } => "old_only",
+            Sides::NewOnly { .. } => "new_only",
+            Sides::Split { .. } => "split",
+        }
+    }
+
+    /// What the verdict means for phase 3, in a sentence.
+    pub fn meaning(&self) -> &'static str {
+        match self {
+            Sides::Free => "free on both backends",
+            Sides::Migrating { .. } => "held by one migrating owner on both backends",
+            Sides::OldOnly { .. } => {
+                "held on the old backend only: an old-only client is still running (or a migrating one is between its two steps); not safe to start phase 3"
+            }
+            Sides::NewOnly { .. } => "held on the new backend only: a new-only client (phase 3 has begun)",
+            Sides::Split { .. } => {
+                "held on both backends by different owners: an old-only and a new-only client at once, which must never be"
+            }
+        }
     }
 }
 

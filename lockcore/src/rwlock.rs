@@ -13,7 +13,7 @@
 //! On the others, read-write lock `L` is made of the lock `L␟write` (the
 //! writers' gate) and a [`Semaphore`] of reader slots named
 //! `L␟read␟permit-<i>` ([`MAX_READERS`] of them; `␟` is
-//! [`PART_SEPARATOR`](crate::name::PART_SEPARATOR), U+001F, which no user
+//! [`PART_SEPARATOR`], U+001F, which no user
 //! name contains, so a lock named `L/write` is another name), all ordinary
 //! locks of the backend the [`Locker`] talks to, each taken by an owner of
 //! its own.

@@ -15,7 +15,7 @@
 //!
 //! On the others, permit `i` (from 0) of semaphore `S` is the lock named
 //! `S␟permit-<i>` (four digits, `S␟permit-0000`; `␟` is
-//! [`PART_SEPARATOR`](crate::name::PART_SEPARATOR), U+001F, which no user
+//! [`PART_SEPARATOR`], U+001F, which no user
 //! name contains, so a lock named `S/permit-0000` is another name), taken by an owner of its
 //! own, on whichever backend the [`Locker`] talks to. So a permit has every
 //! promise of that backend's lock: its lease kind, its fencing (a permit's

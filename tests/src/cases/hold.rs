@@ -151,7 +151,7 @@ const LOST_LATENESS: Duration = Duration::from_millis(300);
 
 /// With renewal on and every renewal failing (the server stops answering,
 /// through a proxy), the lost signal fires by the last validity deadline
-/// the client knew, at most [`LOST_LATENESS`] after it: never a ttl late.
+/// the client knew, at most 300 ms after it: never a ttl late.
 pub async fn lost_fires_on_time_when_renewal_fails(ctx: Ctx) {
     let proxies = Proxies::new();
     let l = ctx.locker_via(&proxies).await.expect("the harness proxies");

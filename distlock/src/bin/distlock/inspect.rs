@@ -1,5 +1,6 @@
 //! `distlock inspect`: who holds a lock.
 
+use distlock::migrate::Sides;
 use distlock::Locker;
 use serde_json::json;
 
@@ -15,8 +16,28 @@ pub(crate) struct Args {
     name: String,
 }
 
-/// Prints the holder and waiters of a lock; returns the exit code.
-pub(crate) async fn inspect(locker: Locker, args: Args) -> u8 {
+/// Prints the holder and waiters of a lock, and for a `migrate:` URL who
+/// holds it on each backend (the check before phase 3); returns the exit
+/// code.
+pub(crate) async fn inspect(locker: Locker, url: &str, args: Args) -> u8 {
+    let sides = if url.starts_with("migrate:") {
+        let pair = match distlock::connect_migration(url).await {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("distlock: {e}");
+                return exit::for_error(&e);
+            }
+        };
+        match pair.sides(&args.name).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("distlock: {e}");
+                return exit::for_error(&e);
+            }
+        }
+    } else {
+        None
+    };
     let info = match locker.inspect(&args.name).await {
         Ok(Some(info)) => info,
         Ok(None) => {
@@ -40,13 +61,22 @@ pub(crate) async fn inspect(locker: Locker, args: Args) -> u8 {
                 "value": h.value,
             })
         });
-        let out = json!({
+        let mut out = json!({
             "name": args.name,
             "backend": locker.backend_name(),
             "held": info.holder.is_some(),
             "holder": holder,
             "waiters": info.waiters,
         });
+        if let Some(s) = &sides {
+            let (old, new) = owners(s);
+            out["migration"] = json!({
+                "verdict": s.verdict(),
+                "meaning": s.meaning(),
+                "old_owner": old,
+                "new_owner": new,
+            });
+        }
         println!("{out}");
         return 0;
     }
@@ -72,5 +102,26 @@ pub(crate) async fn inspect(locker: Locker, args: Args) -> u8 {
         Some(n) => println!("waiters: {n}"),
         None => println!("waiters: (the backend cannot tell)"),
     }
+    if let Some(s) = &sides {
+        let (old, new) = owners(s);
+        let shown = |o: Option<&str>| o.unwrap_or("(none)").to_owned();
+        println!("phase 3: {} ({})", s.verdict(), s.meaning());
+        println!("  old:   {}", shown(old));
+        println!("  new:   {}", shown(new));
+    }
     0
+}
+
+/// The holders on the old and the new backend.
+fn owners(s: &Sides) -> (Option<&str>, Option<&str>) {
+    match s {
+        Sides::Migrating { owner } => (Some(owner), Some(owner)),
+        Sides::OldOnly { owner } => (owner.as_deref().or(Some("(unknown)")), None),
+        Sides::NewOnly { owner } => (None, owner.as_deref().or(Some("(unknown)"))),
+        Sides::Split { old, new } => (
+            old.as_deref().or(Some("(unknown)")),
+            new.as_deref().or(Some("(unknown)")),
+        ),
+        _ => (None, None),
+    }
 }

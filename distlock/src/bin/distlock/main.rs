@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(locker, args).await,
             Command::Elect(args) => run::elect(locker, args).await,
             Command::Leader(args) => leader::leader(locker, args).await,
-            Command::Inspect(args) => inspect::inspect(locker, args).await,
+            Command::Inspect(args) => inspect::inspect(locker, &url, args).await,
             Command::Bench(args) => bench::bench(locker, &url, args).await,
             Command::Supervise(_) => exit::SOFTWARE,
         }
