@@ -343,7 +343,7 @@ impl Backend for MysqlBackend {
                     Deadline::At(t) if t <= Instant::now() + Duration::from_secs(1) => 0,
                     _ => 1,
                 };
-                publish(&sh, &mut h, &row, wait).await?;
+                publish(&sh, &mut h, &row, wait, Some(fence)).await?;
             } else {
                 self.prove_alive(&mut h).await?;
             }

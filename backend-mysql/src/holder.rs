@@ -1,6 +1,7 @@
 //! Finding who holds a name: inspection (the holder's published user lock
-//! against its fencing row), and, as an operator would, the session to end,
-//! checked against the server's lock-wait graph.
+//! against its fencing row, and whether the row is locked at all), and, as
+//! an operator would, the session to end, checked against the server's
+//! lock-wait graph.
 
 use std::time::{Duration, Instant};
 
@@ -11,12 +12,13 @@ use sqlx::{AssertSqlSafe, Row};
 use crate::aux_pool::AuxConn;
 use crate::backend::MysqlBackend;
 use crate::config::NAME;
-use crate::error::{db_number, map_err, timed_out};
+use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::Holding;
 use crate::sql::waits;
 
 /// How long inspection waits, at most, between its reads when it catches a
-/// hand-over (see [`MysqlBackend::inspect_row`]): 10, 20, 40, 80 then 160 ms.
+/// hand-over, or a holder that has its row but has not published itself
+/// yet (see [`MysqlBackend::inspect_row`]): 10, 20, 40, 80 then 160 ms.
 const INSPECT_BACKOFF: [u64; 5] = [10, 20, 40, 80, 160];
 
 impl MysqlBackend {
@@ -25,7 +27,11 @@ impl MysqlBackend {
     /// that row's owner and token, and the value recorded for that token.
     /// Every holder writes its fencing row and value before it takes the
     /// user lock, and lets go of the user lock before its row, so a user
-    /// lock held by the recorded connection is the current holding.
+    /// lock held by the recorded connection is the current holding. A
+    /// holder that found the row's user lock taken took the user lock of
+    /// its term instead (see `transaction::publish`): with the row's user
+    /// lock free, the term's held by the recorded connection names the
+    /// holder just as well.
     ///
     /// The rows are read before the user lock is looked at, in one
     /// statement: a new holder may come between the two. A user lock held
@@ -36,44 +42,80 @@ impl MysqlBackend {
     /// or a dropped acquisition's fencing row came late). A value row older
     /// than the token (a candidate whose value was committed between the two
     /// reads, or a plain lock's holder) is read once more.
+    ///
+    /// With no user lock held, the name is free only if its row is: a
+    /// holder that has its row but has not published itself yet (between
+    /// its locking read and its `GET_LOCK`, or left unpublished by a
+    /// squatted user lock in an earlier client version), or a plain SQL
+    /// session that locks the row, holds the name all the same. So one more
+    /// request asks the server whether the row is locked, without waiting
+    /// ([`row_locked`](MysqlBackend::row_locked)). If it is, the rows and
+    /// user locks are read again, as above (a holder publishes itself a
+    /// round trip or two after it has its row, so an election's observer
+    /// sees its value rather than an unnamed leader); still unnamed after
+    /// about 300 ms, the holder is shown with no owner, token or value
+    /// (owner pending), never as free.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads (a probe's shared row lock ends with its
+    /// connection, which is closed when dropped mid-request).
     pub(crate) async fn inspect_row(&self, name: &str) -> Result<LockInfo> {
         let mut waits = INSPECT_BACKOFF.iter();
         let mut value_read_again = false;
         loop {
-            let Some(seen) = self.read_holder(name).await? else {
-                return Ok(LockInfo::new(None, None));
-            };
-            if seen.recorded == Some(seen.using) {
-                let stale_value = seen.value_fence.is_some_and(|f| f < seen.fence);
-                if stale_value && !value_read_again {
-                    value_read_again = true;
-                    continue;
+            let seen = self.read_holder(name).await?;
+            match seen {
+                Some(seen) if seen.names_holder() => {
+                    let stale_value = seen.value_fence.is_some_and(|f| f < seen.fence);
+                    if stale_value && !value_read_again {
+                        value_read_again = true;
+                        continue;
+                    }
+                    let value = seen
+                        .value
+                        .filter(|_| seen.value_fence == Some(seen.fence))
+                        .map(|v| String::from_utf8_lossy(&v).into_owned());
+                    let holder =
+                        HolderInfo::new(seen.owner, Some(seen.fence), None).with_value(value);
+                    return Ok(LockInfo::new(Some(holder), None));
                 }
-                let value = seen
-                    .value
-                    .filter(|_| seen.value_fence == Some(seen.fence))
-                    .map(|v| String::from_utf8_lossy(&v).into_owned());
-                let holder = HolderInfo::new(seen.owner, Some(seen.fence), None).with_value(value);
-                return Ok(LockInfo::new(Some(holder), None));
-            }
-            match waits.next() {
-                Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
-                None => {
-                    return Err(Error::backend_error(
-                        NAME,
-                        format!(
-                            "the user lock of {name:?} is held by connection {}, which its fencing row does not name ({:?}): a session outside this library holds it, or a holder's record came late; who holds the name cannot be told",
-                            seen.using, seen.recorded
-                        ),
-                    )
-                    .with_name(name))
+                Some(Seen {
+                    using: Some(using),
+                    recorded,
+                    ..
+                }) => match waits.next() {
+                    Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+                    None => {
+                        return Err(Error::backend_error(
+                            NAME,
+                            format!(
+                                "the user lock of {name:?} is held by connection {using}, which its fencing row does not name ({recorded:?}): a session outside this library holds it, or a holder's record came late; who holds the name cannot be told"
+                            ),
+                        )
+                        .with_name(name))
+                    }
+                },
+                // No user lock held (or no fencing row yet): free only if
+                // the row is; locked, read again until the holder is named.
+                _ => {
+                    if !self.row_locked(name).await? {
+                        return Ok(LockInfo::new(None, None));
+                    }
+                    match waits.next() {
+                        Some(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+                        None => {
+                            let pending = HolderInfo::new(None, None, None);
+                            return Ok(LockInfo::new(Some(pending), None));
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// One read of the rows and user lock of `name`: `None` when nothing
-    /// shows it held (no fencing row, or a free user lock).
+    /// One read of the rows and user locks of `name`: `None` when it has
+    /// no fencing row.
     async fn read_holder(&self, name: &str) -> Result<Option<Seen>> {
         let sh = &self.shared;
         let what = "inspecting the holder";
@@ -91,17 +133,64 @@ impl MysqlBackend {
             return Ok(None);
         };
         let get = |e: sqlx::Error| map_err(e, what, &sh.server);
-        let Some(using) = row.try_get::<Option<u64>, _>(3).map_err(get)? else {
-            return Ok(None);
-        };
         Ok(Some(Seen {
             fence: row.try_get(0).map_err(get)?,
             owner: row.try_get(1).map_err(get)?,
             recorded: row.try_get(2).map_err(get)?,
-            using,
+            using: row.try_get(3).map_err(get)?,
             value: row.try_get(4).map_err(get)?,
             value_fence: row.try_get(5).map_err(get)?,
+            term_using: row.try_get(6).map_err(get)?,
         }))
+    }
+
+    /// Whether some transaction holds the row of `name` now (see
+    /// [`Sql::row_probe`](crate::sql::Sql::row_probe)): a shared lock on
+    /// it asked with `NOWAIT`, in a transaction of its own on an auxiliary
+    /// connection, rolled back at once. A missing row is not locked. The
+    /// probe holds the row shared for the moment between its read and its
+    /// rollback: a try that asks for the row in that moment is refused
+    /// once, and asks again (see `wait_for_row`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped probe's connection is closed, not returned to
+    /// the pool, which ends its transaction.
+    async fn row_locked(&self, name: &str) -> Result<bool> {
+        let sh = &self.shared;
+        let what = "looking whether the lock row is locked";
+        let rt = sh.cfg.request_timeout;
+        let mut aux = AuxConn::take(sh, what).await?;
+        let probe = sqlx::raw_sql(AssertSqlSafe(sh.sql.row_probe(name))).execute(aux.conn()?);
+        let probed = tokio::time::timeout(rt, probe)
+            .await
+            .map_err(|_| timed_out(what, &sh.server, rt))?;
+        match probed {
+            Ok(_) => {
+                aux.finished_if(&probed);
+                Ok(false)
+            }
+            Err(e)
+                if matches!(
+                    db_number(&e),
+                    Some(code::LOCK_NOWAIT | code::LOCK_WAIT_TIMEOUT)
+                ) =>
+            {
+                // Refused: the request stopped there, its transaction open
+                // (holding nothing). Ended here, or the connection is not
+                // returned to the pool.
+                let rollback = sqlx::raw_sql("ROLLBACK").execute(aux.conn()?);
+                let done = tokio::time::timeout(rt, rollback)
+                    .await
+                    .map_err(|_| timed_out(what, &sh.server, rt))?;
+                aux.finished_if(&done);
+                done.map_err(|e| map_err(e, what, &sh.server))?;
+                Ok(true)
+            }
+            // Any other error may leave the probe's transaction open: the
+            // connection is closed, not returned to the pool.
+            Err(e) => Err(map_err(e, what, &sh.server)),
+        }
     }
 
     /// The server connection id (`CONNECTION_ID()`) of the session holding
@@ -272,14 +361,27 @@ impl MysqlBackend {
     }
 }
 
-/// What one read of a held lock's rows and user lock showed.
+/// What one read of a lock's rows and user locks showed.
 struct Seen {
     fence: u64,
     owner: Option<String>,
     /// The connection the fencing row names.
     recorded: Option<u64>,
-    /// The connection holding the user lock.
-    using: u64,
+    /// The connection holding the row's user lock.
+    using: Option<u64>,
     value: Option<Vec<u8>>,
     value_fence: Option<u64>,
+    /// The connection holding the user lock of the term the fencing row
+    /// records.
+    term_using: Option<u64>,
+}
+
+impl Seen {
+    /// Whether the connection the fencing row names holds the row's user
+    /// lock, or, with that one free, the user lock of the recorded term.
+    fn names_holder(&self) -> bool {
+        self.recorded.is_some()
+            && (self.using == self.recorded
+                || (self.using.is_none() && self.term_using == self.recorded))
+    }
 }

@@ -37,6 +37,10 @@ pub(crate) struct Holding {
     /// The user lock this connection holds for the lock it holds, if any
     /// (see `transaction::publish`): let go of before the row.
     pub(crate) user_lock: Option<String>,
+    /// The user lock of the lock's term, taken when the row's user lock
+    /// was another session's (see `transaction::publish`): let go of
+    /// before the row too.
+    pub(crate) term_lock: Option<String>,
     /// A statement was sent and its reply not read (a renewal cut off
     /// while the holding stayed with the lease): the connection can no
     /// longer be used.
@@ -56,6 +60,7 @@ impl Holding {
             dirty: false,
             kill_on_drop: true,
             user_lock: None,
+            term_lock: None,
             in_flight: false,
             session_ttl: 0,
             shared,

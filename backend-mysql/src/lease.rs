@@ -76,8 +76,8 @@ impl Renewing {
         if self.publish && h.user_lock.is_none() && secs == h.session_ttl {
             // Unpublished (another session held the user lock): try again,
             // without waiting; the round trip is the keepalive.
-            return match tokio::time::timeout(limit, publish(&self.shared, h, &self.name, 0)).await
-            {
+            let publishing = publish(&self.shared, h, &self.name, 0, None);
+            return match tokio::time::timeout(limit, publishing).await {
                 Ok(Ok(())) => {
                     h.in_flight = false;
                     Ok(renewed)
@@ -158,22 +158,28 @@ impl BackendLease for MysqlLease {
             return Ok(Released::NotHeld);
         }
         let rt = self.shared.cfg.request_timeout;
-        // The user lock first: a later holder never finds it taken.
-        let sql = match &h.user_lock {
-            Some(key) if is_user_lock_name(key) => {
-                format!("DO RELEASE_LOCK('{key}'); ROLLBACK; SET SESSION wait_timeout = DEFAULT")
-            }
-            Some(key) => {
-                // Never the case (checked when taken): closed, dirty, which
-                // frees all it holds.
-                return Err(Error::backend_error(
-                    NAME,
-                    format!(
-                        "a user lock named {key:?} cannot be released; the connection was closed"
-                    ),
-                ));
-            }
-            None => "ROLLBACK; SET SESSION wait_timeout = DEFAULT".to_owned(),
+        // The user locks first (the row's, and its term's when it took
+        // that instead): a later holder never finds them taken.
+        let keys: Vec<&String> = h.user_lock.iter().chain(&h.term_lock).collect();
+        if let Some(key) = keys.iter().find(|key| !is_user_lock_name(key)) {
+            // Never the case (checked when taken): closed, dirty, which
+            // frees all it holds.
+            return Err(Error::backend_error(
+                NAME,
+                format!("a user lock named {key:?} cannot be released; the connection was closed"),
+            ));
+        }
+        let sql = if keys.is_empty() {
+            "ROLLBACK; SET SESSION wait_timeout = DEFAULT".to_owned()
+        } else {
+            let releases: Vec<String> = keys
+                .iter()
+                .map(|key| format!("RELEASE_LOCK('{key}')"))
+                .collect();
+            format!(
+                "DO {}; ROLLBACK; SET SESSION wait_timeout = DEFAULT",
+                releases.join(", ")
+            )
         };
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(h.conn()?);
         match tokio::time::timeout(rt, fut).await {

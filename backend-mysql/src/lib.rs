@@ -101,10 +101,16 @@
 //! transaction outlived the increment. It lets go of the user lock before
 //! its row (`DO RELEASE_LOCK(…); ROLLBACK` in one request), and a dead
 //! connection loses both. So [`Backend::inspect`](lockcore::backend::Backend::inspect)
-//! is one read: the fencing row and `IS_USED_LOCK` of the user lock; the
-//! name is held by the recorded owner, with its token, when the server
-//! shows the recorded connection holding the user lock (a read that catches
-//! a hand-over between the two reads again, for up to about 300 ms). No
+//! reads the fencing row and `IS_USED_LOCK` of the user lock, in one
+//! statement; the name is held by the recorded owner, with its token, when
+//! the server shows the recorded connection holding the user lock (a read
+//! that catches a hand-over between the two reads again, for up to about
+//! 300 ms). With the user lock free, one more request asks whether the row
+//! is locked at all, without waiting (`SELECT ... FOR SHARE NOWAIT`, `LOCK
+//! IN SHARE MODE NOWAIT` on MariaDB, in a transaction of its own, rolled
+//! back at once): a free row is a free name; a locked one has a holder
+//! that has not published itself yet, which is read again for up to about
+//! 300 ms and then shown with no owner, token or value, never as free. No
 //! privilege is needed beyond the tables'. This makes [`lockcore::Election`]
 //! work on MySQL: a candidate with a value records it in
 //! `lockcore_locks_value` with its term before it takes the user lock, and
@@ -119,10 +125,17 @@
 //! second (the server frees a dead session's row before its user locks)
 //! holds the name unpublished, and inspection, seeing a user lock held by
 //! a connection the fencing row does not name, answers with an error
-//! rather than a holder it cannot name. Only clients with `fencing=strict`
-//! take the user lock: a holder with `fencing=none`, a client of an
-//! earlier version, or a plain SQL session that locks the row holds the
-//! name unseen, and `?fencing=none` has neither inspection nor elections.
+//! rather than a holder it cannot name. Such a holder takes the user lock
+//! of its term instead (`GET_LOCK('lockcore:<hash of database, table, row
+//! and token>', 0)`), which no earlier holder has a reason to hold: once
+//! the other session lets go of the row's user lock, inspection finds the
+//! term's held by the recorded connection and names the holder, until a
+//! renewal takes the row's user lock too; it lets go of both before its
+//! row. Only clients with `fencing=strict` take the user lock: a holder
+//! with `fencing=none`, a client of an earlier version, or a plain SQL
+//! session that locks the row is shown held with no owner (the row lock
+//! is seen, not who holds it), and `?fencing=none` has neither inspection
+//! nor elections.
 //! A deployment that has not created `lockcore_locks_value` (with
 //! `ensure_schema=false`, or an account that may not create it) locks and
 //! inspects, and has no elections.
@@ -133,7 +146,9 @@
 //! the counter's increment (the one durable commit), and the `GET_LOCK`
 //! that proves the transaction outlived it (a `SELECT 1` for a reader or a
 //! permit). A candidate's value is one more autocommit insert. A release is
-//! one (`ROLLBACK`, after `RELEASE_LOCK` for a lock).
+//! one (`ROLLBACK`, after `RELEASE_LOCK` for a lock). An inspection is one
+//! read for a held name, two for a free one (the row's lock looked at),
+//! and a third when that look finds the row locked (its rollback).
 //! `?fencing=none` (tokens `None`, exclusion only) skips the increment and
 //! the proof: two round trips to acquire (three after a lock wait longer
 //! than a tenth of the ttl, whose `SELECT 1` restarts the validity) and no

@@ -67,9 +67,18 @@ pub(crate) struct Sql {
     /// lock's name, for the release (no derived table: the server would
     /// make a temporary table of it each time).
     pub(crate) publish: Arc<str>,
-    /// Who holds a lock: its fencing row, value row, and the connection
-    /// holding its user lock (`IS_USED_LOCK`).
+    /// A holder whose row's user lock is another session's takes the user
+    /// lock of its term instead (`GET_LOCK` without waiting), and learns its
+    /// name: bound the row and the term, twice.
+    pub(crate) term_lock: Arc<str>,
+    /// Who holds a lock: its fencing row, value row, the connection
+    /// holding its user lock (`IS_USED_LOCK`), and the connection holding
+    /// the user lock of the term the fencing row records.
     pub(crate) inspect: Arc<str>,
+    /// The start of [`Sql::row_probe`], up to the row's name.
+    row_probe_head: Arc<str>,
+    /// The rest of [`Sql::row_probe`], after the row's name.
+    row_probe_tail: Arc<str>,
 }
 
 /// The name of a row's user lock, as a SQL expression of the row name
@@ -81,6 +90,19 @@ fn user_lock_name(table: &str) -> String {
     // character set, nor the database's name in the name's.
     format!(
         "CONCAT('lockcore:', LEFT(SHA2(CONCAT(CAST(IFNULL(DATABASE(), '') AS BINARY), 0x00, CAST('{table}' AS BINARY), 0x00, CAST(? AS BINARY)), 256), 55))"
+    )
+}
+
+/// The name of the user lock of a term: what a holder takes when the user
+/// lock of its row is held by another session (see
+/// `transaction::publish`), so that inspection can still tell it holds.
+/// As [`user_lock_name`], of the row and the term (its fencing token), so
+/// no session but that term's holder has a reason to take it: not even a
+/// previous holder whose session is ending. `row` and `fence` are SQL
+/// expressions (`?` for bound parameters, or columns of the fencing row).
+fn term_lock_name(table: &str, row: &str, fence: &str) -> String {
+    format!(
+        "CONCAT('lockcore:', LEFT(SHA2(CONCAT(CAST(IFNULL(DATABASE(), '') AS BINARY), 0x00, CAST('{table}' AS BINARY), 0x00, CAST({row} AS BINARY), 0x00, CAST('term' AS BINARY), 0x00, CAST({fence} AS BINARY)), 256), 55))"
     )
 }
 
@@ -102,6 +124,8 @@ impl Sql {
     pub(crate) fn new(table: &str, fence: &str, mariadb: bool, values: bool) -> Self {
         let value = value_table(table);
         let user_lock = user_lock_name(table);
+        let term_lock = term_lock_name(table, "?", "?");
+        let recorded_term_lock = term_lock_name(table, "`f`.`name`", "`f`.`fence`");
         let (share_nowait, share_skip) = if mariadb {
             (
                 "LOCK IN SHARE MODE NOWAIT",
@@ -147,19 +171,44 @@ impl Sql {
                 "SELECT CAST(GET_LOCK({user_lock}, ?) AS SIGNED), {user_lock}"
             )
             .into(),
+            term_lock: format!("SELECT CAST(GET_LOCK({term_lock}, 0) AS SIGNED), {term_lock}")
+                .into(),
             inspect: if values {
                 format!(
-                    "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), `v`.`value`, `v`.`fence` \
+                    "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), `v`.`value`, `v`.`fence`, \
+                     CAST(IS_USED_LOCK({recorded_term_lock}) AS UNSIGNED) \
                      FROM `{fence}` AS `f` LEFT JOIN `{value}` AS `v` ON `v`.`name` = `f`.`name` WHERE `f`.`name` = ?"
                 )
             } else {
                 format!(
-                    "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), NULL, NULL \
+                    "SELECT `f`.`fence`, `f`.`owner`, `f`.`holder_conn`, CAST(IS_USED_LOCK({user_lock}) AS UNSIGNED), NULL, NULL, \
+                     CAST(IS_USED_LOCK({recorded_term_lock}) AS UNSIGNED) \
                      FROM `{fence}` AS `f` WHERE `f`.`name` = ?"
                 )
             }
             .into(),
+            // Read committed: no gap lock on a missing row.
+            row_probe_head: format!(
+                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; SELECT 1 FROM `{table}` WHERE `name` = X'"
+            )
+            .into(),
+            row_probe_tail: format!("' {share_nowait}; ROLLBACK").into(),
         }
+    }
+
+    /// The request that asks whether some transaction holds the row of
+    /// `name`, without waiting: in a transaction of its own, a shared lock
+    /// on the row with `NOWAIT`, then `ROLLBACK`. Shared, so two probes at
+    /// once do not refuse each other; any holder of the row (a lock's,
+    /// which locks it for update, or an insert not yet committed) refuses
+    /// it, with `ER_LOCK_NOWAIT` (3572) on MySQL and `ER_LOCK_WAIT_TIMEOUT`
+    /// (1205) on MariaDB, whose `NOWAIT` is a lock wait of no time, and the
+    /// request stops there, its transaction open: the caller rolls it back.
+    /// A missing row is not locked. The name is written as a hex literal
+    /// (bytes only, so safe in the text).
+    pub(crate) fn row_probe(&self, name: &str) -> String {
+        let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+        format!("{}{hex}{}", self.row_probe_head, self.row_probe_tail)
     }
 }
 
@@ -202,4 +251,36 @@ pub fn schema_sql(table: &str) -> Result<[String; 3]> {
             "CREATE TABLE IF NOT EXISTS `{table}_value` (\n  `name` VARBINARY(256) NOT NULL,\n  `fence` BIGINT UNSIGNED NOT NULL,\n  `value` VARBINARY(1024) NOT NULL,\n  PRIMARY KEY (`name`)\n) ENGINE=InnoDB"
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_probe_names_the_row_in_hex_and_rolls_back() {
+        let mysql = Sql::new("t", "t_fence", false, true);
+        assert_eq!(
+            mysql.row_probe("a/\u{1}"),
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+             SELECT 1 FROM `t` WHERE `name` = X'612F01' FOR SHARE NOWAIT; ROLLBACK"
+        );
+        let mariadb = Sql::new("t", "t_fence", true, true);
+        assert!(mariadb
+            .row_probe("x")
+            .ends_with("`name` = X'78' LOCK IN SHARE MODE NOWAIT; ROLLBACK"));
+    }
+
+    #[test]
+    fn term_lock_and_inspect_take_the_parameters_bound() {
+        for values in [true, false] {
+            let sql = Sql::new("t", "t_fence", false, values);
+            // The row and the term, twice.
+            assert_eq!(sql.term_lock.matches('?').count(), 4);
+            // The row's user lock and the fencing row's name; the term's
+            // user lock is named from the fencing row's own columns.
+            assert_eq!(sql.inspect.matches('?').count(), 2);
+            assert!(sql.inspect.contains("CAST(`f`.`fence` AS BINARY)"));
+        }
+    }
 }

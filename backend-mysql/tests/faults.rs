@@ -385,6 +385,47 @@ async fn names_are_byte_exact(ctx: Ctx) {
     assert_eq!(rows, 4, "one row per distinct name");
 }
 
+/// A holder of a lock's row that has not published itself (a plain SQL
+/// session holding the row, as our holder does between its locking read
+/// and its `GET_LOCK`) holds the name: `inspect` shows it held with no
+/// owner, never free; once the row is let go, free again.
+async fn a_row_held_unpublished_is_held(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("unpublished");
+    // The row exists once the lock has been taken.
+    l.try_lock(&name)
+        .await
+        .expect("try")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    let mut sql = admin(&ctx).await;
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut sql)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM lockcore_locks WHERE name = ? FOR UPDATE")
+        .bind(name.as_bytes())
+        .fetch_optional(&mut sql)
+        .await
+        .expect("lock the row")
+        .expect("the row");
+    let info = l.inspect(&name).await.expect("inspect").expect("inspects");
+    let holder = info.holder.expect("a held row shown free");
+    assert_eq!(holder.owner, None, "{holder:?}");
+    assert!(
+        l.try_lock(&name).await.expect("try").is_none(),
+        "two holders"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut sql)
+        .await
+        .expect("rollback");
+    let info = l.inspect(&name).await.expect("inspect").expect("inspects");
+    assert!(info.holder.is_none(), "a free row shown held: {info:?}");
+}
+
 /// A read-write lock's row, locked from plain SQL on the server: a
 /// session holding it `LOCK IN SHARE MODE` reads beside our readers and
 /// keeps our writer out; one holding it `FOR UPDATE` keeps our readers out.
@@ -1086,6 +1127,9 @@ fn main() -> std::process::ExitCode {
         })
         .case("killed_leader_hands_over_with_its_value", |ctx| {
             Box::pin(killed_leader_hands_over_with_its_value(ctx))
+        })
+        .case("a_row_held_unpublished_is_held", |ctx| {
+            Box::pin(a_row_held_unpublished_is_held(ctx))
         })
         .case("a_squatted_user_lock_blocks_no_lock", |ctx| {
             Box::pin(a_squatted_user_lock_blocks_no_lock(ctx))

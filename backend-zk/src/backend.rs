@@ -14,8 +14,8 @@ use crate::config::{AclMode, ZkConfig, NAME};
 use crate::error::map_err;
 use crate::lease::ZkLease;
 use crate::nodes::{
-    create_node, data_of, delete_for_good, delete_node, delete_ours, list, lock_parent, vanished,
-    AbortOnDrop,
+    create_node, data_of, delete_for_good, delete_node, delete_ours, list, lock_parent,
+    sync_with_leader, vanished, AbortOnDrop,
 };
 use crate::recipe;
 use crate::session::Session;
@@ -598,12 +598,27 @@ impl Backend for ZkBackend {
     /// wait. A read-write lock's readers and writers on the name are not
     /// the lock's, and are not shown.
     ///
+    /// The reads are preceded by a `sync` on the name's parent, so they see
+    /// every acquisition and release acknowledged before the call, also
+    /// those made on another session, through another server of the
+    /// ensemble (a follower answers reads from what it has applied so far;
+    /// barring a change of leader in between, as `sync` is not itself a
+    /// quorum operation). That is one more round trip per call.
+    /// [`Election::leader`] and its observer read through here.
+    ///
+    /// [`Election::leader`]: lockcore::Election::leader
+    ///
     /// # Cancel safety
     ///
-    /// Cancel safe: it only reads.
+    /// Cancel safe: it only reads (a `sync` changes nothing).
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let session = self.session(lockcore::DEFAULT_TTL).await?;
         let parent = self.lock_parent(name);
+        // Our session's server may lag behind the server of the session
+        // that acquired or released: catch it up with the leader first.
+        // Later listings on this session (the rounds below) never see an
+        // older state than this one.
+        sync_with_leader(&session, &parent).await?;
         // A listed node may go before it is read (a release): the first
         // listed node that still exists is the holder, since every node
         // created after the listing sorts after it. Only when all are gone

@@ -15,7 +15,10 @@
 //! `new InterProcessMutex(client, "<prefix>/<segment>")` on the same path
 //! excludes and is excluded. kazoo's `Lock` nodes (`<uuid>__lock__<seq>`)
 //! count as contenders too, so a Python service using
-//! `client.Lock(path)` with `extra_lock_patterns=["-lock-"]` interoperates.
+//! `client.Lock(path, extra_lock_patterns=["-lock-"])` interoperates. The
+//! setting is needed: we count kazoo's nodes whatever its settings, but a
+//! kazoo `Lock` without it does not see ours and takes the name beside our
+//! holder.
 //! A candidate of a [`lockcore::Election`] creates `_c_<uuid>-latch-<seq>`
 //! with its value as the node's data instead: Curator's `LeaderLatch`
 //! layout, so `new LeaderLatch(client, "<prefix>/<segment>", id)` campaigns
@@ -38,9 +41,12 @@
 //! real Curator clients), and writers are not starved: a reader arriving
 //! after a waiting writer waits for it. There is no reader limit. kazoo's
 //! `ReadLock` nodes (`<uuid>__rlock__<seq>`) count as readers and its
-//! `WriteLock` nodes (`__lock__`) as writers; kazoo sees ours with
+//! `WriteLock` nodes (`__lock__`) as writers; kazoo sees ours only with
 //! `extra_lock_patterns=["__WRIT__"]` on a `ReadLock` and
-//! `["__WRIT__", "__READ__"]` on a `WriteLock`.
+//! `["__WRIT__", "__READ__"]` on a `WriteLock`. Without them a kazoo
+//! `WriteLock` writes beside our readers and writers, and a kazoo
+//! `ReadLock` reads beside our writers: only kazoo clients given these
+//! patterns are excluded.
 //!
 //! A name's lock and its read-write lock are two things, as on every other
 //! backend and as Curator's `InterProcessMutex` and
@@ -75,6 +81,17 @@
 //! All contenders are ordered by their 10-digit sequence suffix. Parents,
 //! the prefix and the chroot are created as *container* nodes, which the
 //! server reaps once empty, so short-lived names leave nothing behind.
+//!
+//! **Inspection.** [`inspect`](lockcore::Locker::inspect) (and so
+//! [`Election::leader`](lockcore::Election::leader) and its observer)
+//! lists the name's parent and reads the first contender's node after a
+//! `sync` on the parent: a follower answers reads from what it has applied,
+//! which may lag behind an acquisition or a release another session's
+//! server already acknowledged, and the `sync` brings it up to date first.
+//! What inspection shows includes every acquisition and release
+//! acknowledged before it was called, at the cost of one more round trip
+//! (barring a change of leader in between: ZooKeeper's `sync` is not
+//! itself a quorum operation, ZOOKEEPER-1675).
 //!
 //! **The recipe.** The first contender holds the lock. Every other one
 //! watches only its predecessor (an `exists` watch), so a release wakes one

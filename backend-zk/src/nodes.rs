@@ -141,6 +141,23 @@ pub(crate) fn vanished(parent: &str) -> Error {
     )
 }
 
+/// Brings the server this session is connected to up to date with the
+/// leader (ZooKeeper's `sync` on `path`), so that the reads sent after it
+/// see every write acknowledged before it, whichever session or server made
+/// it. A follower answers reads from what it has applied, which may lag
+/// behind a write another session's server already acknowledged. One round
+/// trip; `path` need not exist (a missing node is not an error).
+///
+/// # Cancel safety
+///
+/// Cancel safe: it changes nothing on the server.
+pub(crate) async fn sync_with_leader(session: &Session, path: &str) -> Result<()> {
+    match session.call(|c| async move { c.sync(path).await }).await {
+        Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+        Err(e) => Err(map_err(e, format!("syncing {path} with the leader"), false)),
+    }
+}
+
 /// Children of `parent`; `NoNode` is empty.
 pub(crate) async fn list(session: &Session, parent: &str) -> Result<Vec<String>> {
     match session

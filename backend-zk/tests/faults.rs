@@ -354,6 +354,101 @@ async fn zk_mode(port: u16) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Reads that report who holds a name see every write acknowledged before
+/// them, also through a follower: a holder on the leader takes and
+/// releases a name, and right after each step a client connected only to a
+/// follower inspects it (200 rounds): held after the grant, free after the
+/// release, never the state before. Then, 10 times, the follower is paused
+/// while the holder releases (the leader and the other follower make the
+/// quorum), and resumed while the client's inspection waits on it: the
+/// follower then has the release to apply and the read to answer at once,
+/// and the read must not come first.
+async fn inspect_through_a_follower_sees_every_write(ctx: Ctx) {
+    let ports: Vec<u16> = ctx
+        .config
+        .split(',')
+        .map(|h| h.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    let mut leader = None;
+    let mut follower = None;
+    for p in &ports {
+        match zk_mode(*p).await.as_deref() {
+            Some("leader") => leader = Some(*p),
+            Some("follower") => follower = Some(*p),
+            _ => {}
+        }
+    }
+    let (leader, follower) = (
+        leader.expect("the ensemble has a leader"),
+        follower.expect("the ensemble has a follower"),
+    );
+    let holder = lockcore_zk::connect(&format!("zk://127.0.0.1:{leader}"))
+        .await
+        .expect("connect");
+    let observer = lockcore_zk::connect(&format!("zk://127.0.0.1:{follower}"))
+        .await
+        .expect("connect");
+    let name = ctx.name("follower-read");
+    let (mut stale_free, mut stale_held) = (0, 0);
+    for _ in 0..200 {
+        let g = holder.try_lock(&name).await.expect("try").expect("free");
+        let seen = observer
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("inspects");
+        if seen.holder.is_none() {
+            stale_free += 1;
+        }
+        g.release().await.expect("release");
+        let seen = observer
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("inspects");
+        if seen.holder.is_some() {
+            stale_held += 1;
+        }
+    }
+    assert_eq!(
+        (stale_free, stale_held),
+        (0, 0),
+        "of 200 rounds, a held name was shown free {stale_free} times and a released one held {stale_held} times"
+    );
+    let server = format!("zk-{}", follower - 12190);
+    let mut stale = 0;
+    for _ in 0..10 {
+        let g = holder.try_lock(&name).await.expect("try").expect("free");
+        // Seen held through the follower: its session is settled.
+        assert!(observer
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .is_some_and(|i| i.holder.is_some()));
+        compose("pause", &server).await;
+        let resumed = UndoOnDrop::new("resume", &[&server]);
+        g.release().await.expect("release");
+        let seen = {
+            let (o, n) = (observer.clone(), name.clone());
+            tokio::spawn(async move { o.inspect(&n).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(resumed);
+        let seen = seen
+            .await
+            .expect("task")
+            .expect("inspect")
+            .expect("inspects");
+        if seen.holder.is_some() {
+            stale += 1;
+        }
+    }
+    assert_eq!(
+        stale, 0,
+        "a released name was shown held through a resumed follower {stale} of 10 times"
+    );
+}
+
 /// Kill the ensemble's leader while a lock is held and three clients wait:
 /// never two holders, and acquisition resumes once a new leader is elected.
 async fn leader_killed_while_held(ctx: Ctx) {
@@ -1188,6 +1283,9 @@ fn main() -> std::process::ExitCode {
         )
         .hint(COMPOSE_HINT)
         .only_own_cases()
+        .case("inspect_through_a_follower_sees_every_write", |ctx| {
+            Box::pin(inspect_through_a_follower_sees_every_write(ctx))
+        })
         .case("leader_killed_while_held", |ctx| {
             Box::pin(leader_killed_while_held(ctx))
         }),
