@@ -75,18 +75,19 @@ pub(crate) struct EtcdLease {
 
 impl EtcdLease {
     /// Whether the server still has this lock's lease (time to live above
-    /// zero); false also when it cannot be asked.
-    async fn lease_alive(&self, limit: Duration) -> bool {
+    /// zero).
+    async fn lease_alive(&self, limit: Duration) -> Result<bool> {
         let mut lc = self.backend.inner.client.lease_client();
-        self.backend
+        let r = self
+            .backend
             .request(
                 limit,
                 "reading the lease's time to live",
                 false,
                 lc.time_to_live(self.lease, None),
             )
-            .await
-            .is_ok_and(|r| r.ttl() > 0)
+            .await?;
+        Ok(r.ttl() > 0)
     }
 }
 
@@ -109,18 +110,7 @@ impl BackendLease for EtcdLease {
     ///
     /// Cancel safe: a dropped renewal at most extended the lease.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        // The server's lease keeps its granted ttl: a longer one would count
-        // validity the server does not give, a shorter one would leave the
-        // name held on the server long after a dead holder's validity.
-        if ttl != self.ttl {
-            return Err(Error::invalid_config(
-                NAME,
-                format!(
-                    "an etcd lease keeps the ttl it was granted with ({:?}); acquire with the ttl {ttl:?} instead",
-                    self.ttl
-                ),
-            ));
-        }
+        self.check_ttl(ttl)?;
         if self.finished.load(Ordering::Acquire) {
             return Ok(Renewal::Lost);
         }
@@ -150,6 +140,22 @@ impl BackendLease for EtcdLease {
         let valid_until = validity_deadline(sent, ttl);
         *lock(&self.valid_until) = valid_until;
         Ok(Renewal::Renewed { valid_until })
+    }
+
+    /// The server's lease keeps its granted ttl: a longer one would count
+    /// validity the server does not give, a shorter one would leave the
+    /// name held on the server long after a dead holder's validity.
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        if ttl != self.ttl {
+            return Err(Error::invalid_config(
+                NAME,
+                format!(
+                    "an etcd lease keeps the ttl it was granted with ({:?}); acquire with the ttl {ttl:?} instead",
+                    self.ttl
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Deletes the key if it is still this lock's (compare on its create
@@ -207,7 +213,22 @@ impl BackendLease for EtcdLease {
             // its reply. Only this holder deletes its key while its lease
             // lives (an expiry or a revoke ends the lease with the key), so
             // a live lease says the delete was ours.
-            deleted = self.lease_alive(limit).await;
+            deleted = match self.lease_alive(limit).await {
+                Ok(alive) => alive,
+                Err(e) => {
+                    // Most likely our delete applied; nobody can tell now.
+                    // The key, if it is there, ends with the lease's ttl.
+                    spawn_cleanup(
+                        "revoke the lease of a released etcd lock",
+                        revoke(b.clone(), self.lease, limit),
+                    );
+                    return Err(Error::new(
+                        ErrorKind::Indeterminate,
+                        NAME,
+                        format!("the lock key was gone when a retried delete came, and the lease could not be read to tell whether the first delete was ours: {e}"),
+                    ));
+                }
+            };
         }
         let spare = Spare {
             id: self.lease,

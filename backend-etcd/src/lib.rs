@@ -25,7 +25,9 @@
 //! [`lock_range`] gives the string to pass.
 //!
 //! **Elections.** etcd's `concurrency.Election` uses the same layout, with
-//! the candidate's value as the key's value (a lock puts an empty value).
+//! the candidate's value as the key's value (a plain lock puts its owner
+//! token there, behind U+001F and `lockcore-owner `, so that `inspect`
+//! names it; `concurrency.Mutex` neither writes nor reads the value).
 //! A [`lockcore::Election`] puts its value there, and
 //! [`inspect`](lockcore::Backend::inspect) reads the holder key's value
 //! back. So `etcdctl elect lockcore/<seg> <value>` campaigns beside this
@@ -54,7 +56,9 @@
 //! alive: one not taken while it has a request's time left ends by its ttl
 //! on the server, with no key, and the spares left when the backend is
 //! dropped are revoked. A lease is reused only after a release that deleted
-//! its key, and only while its last successful renewal vouches for it; an
+//! its key (or whose retried delete found the key gone while the lease
+//! still lived: only its holder deletes a key while its lease lives), and
+//! only while its last successful renewal vouches for it; an
 //! abandoned lease, one whose key is gone (lost), one whose release failed
 //! or was dropped, and a second release through the same handle never give
 //! a lease to another lock. At most 64 spare leases are kept per ttl. A

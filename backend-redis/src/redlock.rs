@@ -70,12 +70,15 @@ struct Instance {
     wake: Wakeups,
 }
 
-/// Refuses a master listed twice, by address and, among those that answer
-/// within `within`, by `run_id`; warns once of each that does not answer.
+/// Refuses a master listed twice, by address (`by_address`: not over TLS,
+/// where one endpoint may route to several servers by host name) and,
+/// among those that answer within `within`, by `run_id`; warns once of
+/// each that does not answer.
 async fn refuse_one_master_twice(
     nodes: &[crate::config::Node],
     instances: &[Instance],
     within: Duration,
+    by_address: bool,
 ) -> Result<()> {
     let twice = |a: &crate::config::Node, b: &crate::config::Node, how: String| {
         Error::invalid_config(
@@ -92,7 +95,11 @@ async fn refuse_one_master_twice(
             _ => Vec::new(),
         }
     });
-    let addrs = join_all(resolving).await;
+    let addrs = if by_address {
+        join_all(resolving).await
+    } else {
+        Vec::new()
+    };
     for (i, a) in addrs.iter().enumerate() {
         for (j, b) in addrs.iter().enumerate().skip(i + 1) {
             if let Some(shared) = a.iter().find(|x| b.contains(x)) {
@@ -171,7 +178,7 @@ impl RedLockBackend {
                 wake: Wakeups::new(client, cfg.response_timeout),
             });
         }
-        refuse_one_master_twice(nodes, &instances, cfg.connect_timeout).await?;
+        refuse_one_master_twice(nodes, &instances, cfg.connect_timeout, !cfg.tls).await?;
         Ok(RedLockBackend {
             instances: Arc::new(instances),
             cfg,
@@ -686,9 +693,9 @@ impl BackendLease for RedLockLease {
 
     /// Compare-and-delete on every instance, returning once a majority
     /// released it or all answered (the rest finish in the background):
-    /// `NotHeld` when a majority answered that it was not this owner's (the
-    /// lease was lost, even if a minority still had it), else `Released`
-    /// when any instance released it; otherwise (too few answers)
+    /// `NotHeld` when too many answered that it was not this owner's for a
+    /// majority to have held it (the lease was lost, even if a minority
+    /// still had it), `Released` when a majority released it; otherwise
     /// `Indeterminate`, and the keys that remain end by their ttl.
     async fn release(&self) -> Result<Released> {
         // Sent on each instance after the acquire's call there, if that
@@ -702,21 +709,23 @@ impl BackendLease for RedLockLease {
             acquiring,
         )
         .await;
-        // A majority that no longer had the lease decides: it was lost,
-        // whatever a minority still held.
-        if n.refused >= self.quorum {
+        // As a renewal counts: lost once too many refused for a majority
+        // to have held it, whatever a minority still held; released once
+        // a majority released it; otherwise nobody can tell.
+        if n.refused > self.instances.len() - self.quorum {
             return Ok(Released::NotHeld);
         }
-        if n.released >= 1 {
+        if n.released >= self.quorum {
             return Ok(Released::Released);
         }
         Err(Error::new(
             ErrorKind::Indeterminate,
             NAME,
             format!(
-                "RedLock release: {} of {} instances answered, none released the lease ({} refused); the keys that remain end by their ttl",
+                "RedLock release: {} of {} instances answered, {} released the lease and {} refused, so whether a majority held it until now is unknown; the keys that remain end by their ttl",
                 n.released + n.refused,
                 self.instances.len(),
+                n.released,
                 n.refused
             ),
         ))

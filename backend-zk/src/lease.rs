@@ -130,6 +130,12 @@ async fn watch_lease(
 
 #[async_trait]
 impl BackendLease for ZkLease {
+    /// A ttl above the session timeout cannot be kept (the session cannot
+    /// be lengthened).
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        check_ttl(&self.session, ttl)
+    }
+
     /// Checks that our node still exists on our live session. A `ttl` above
     /// the session timeout is refused with `InvalidConfig` (the session
     /// cannot be lengthened).
@@ -141,7 +147,7 @@ impl BackendLease for ZkLease {
         if self.session.is_dead() || self.flags.gone.load(Ordering::SeqCst) {
             return Ok(Renewal::Lost);
         }
-        check_ttl(&self.session, ttl)?;
+        BackendLease::check_ttl(self, ttl)?;
         let sent = Instant::now();
         let stat = self
             .session

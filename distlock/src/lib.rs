@@ -104,12 +104,8 @@ async fn connect_migrating(pair: &str, offset: u64) -> Result<migrate::Migrating
         migrate::Migrating::new(old.backend().clone(), new.backend().clone()).fence_offset(offset);
     // Two spellings of one store pass the comparison above: tell them by
     // behaviour, with a probe name held on the old one.
-    pair.verify_distinct().await.map_err(|e| {
-        if e.kind() == ErrorKind::InvalidConfig {
-            bad("the old and the new backend are the same store (a name held on the old one shows held on the new one)")
-        } else {
-            e
-        }
+    pair.verify_distinct().await.map_err(|_| {
+        bad("the old and the new backend are the same store (a lock taken on the old one shows on the new one)")
     })?;
     Ok(pair)
 }
@@ -188,7 +184,9 @@ fn backends() -> [Entry; 4] {
 /// # Cancel safety
 ///
 /// Cancel safe: a dropped call leaves no lock state behind (at most a
-/// connection that is closed when dropped).
+/// connection that is closed when dropped), but for a `migrate:` URL's
+/// probe lock (see [`Migrating::one_store`](migrate::Migrating::one_store)),
+/// released in the background, or by its ttl if the process exits first.
 pub async fn connect(url: &str) -> Result<Locker> {
     let (url, offset) = split_options(url)?;
     if let Some(pair) = url.strip_prefix("migrate:") {

@@ -418,6 +418,22 @@ pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
     /// Cancel safe: a dropped renewal at most extended the lease.
     async fn renew(&self, ttl: Duration) -> Result<Renewal>;
 
+    /// Checks, without asking the server, that the lease can be renewed
+    /// with `ttl` (for [`LockGuard::extend`](crate::LockGuard::extend)): a
+    /// backend whose server keeps the ttl it granted (an etcd lease, a
+    /// ZooKeeper session) refuses another with
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig), and the
+    /// lease is left exactly as it was. The default accepts any ttl.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for a
+    /// ttl this lease cannot be renewed with.
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        let _ = ttl;
+        Ok(())
+    }
+
     /// Releases the lease, only if this owner still holds it.
     ///
     /// # Cancel safety

@@ -46,7 +46,7 @@ pub async fn pairs(locker: &Locker, name: &str, until: Instant) -> crate::Result
 }
 
 /// Uncontended pairs per second: `tasks` tasks, each on its own name,
-/// sharing `locker`'s connection (each task a clone: its own owner).
+/// sharing `locker`'s connection (every acquisition is its own owner).
 pub async fn uncontended(
     locker: &Locker,
     prefix: &str,

@@ -259,6 +259,9 @@ impl LockGuard {
     /// same lease see it lost.
     pub fn abandon(mut self) {
         self.active = false;
+        self.held
+            .abandoned
+            .store(true, std::sync::atomic::Ordering::Release);
         self.held.stop_watchdog();
         self.held.lease.abandon();
         self.held.mark_lost("the holder abandoned the lease");

@@ -41,6 +41,8 @@ pub(crate) struct Held {
     ttl: Mutex<Duration>,
     valid_until: Mutex<Instant>,
     released: AtomicBool,
+    /// The holder abandoned the lease: no hold releases it on the server.
+    pub(crate) abandoned: AtomicBool,
     lost_reason: OnceLock<&'static str>,
     lost_at: OnceLock<Instant>,
 }
@@ -83,6 +85,7 @@ impl Held {
             ttl: Mutex::new(ttl),
             valid_until: Mutex::new(grant.valid_until),
             released: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
             lost_reason: OnceLock::new(),
             lost_at: OnceLock::new(),
         });
@@ -193,6 +196,10 @@ impl Held {
     /// key an instance lost).
     pub(crate) async fn release_lease(&self) -> Result<()> {
         self.stop_watchdog();
+        if self.abandoned.load(Ordering::Acquire) {
+            // Left to end by its ttl, session or connection.
+            return Err(self.lost_error("the lease was abandoned"));
+        }
         let was_lost = !self.is_held();
         self.released.store(true, Ordering::Release);
         let _turn = self.renewing.lock().await;
@@ -218,6 +225,9 @@ impl Held {
             return Err(self.lost_error("cannot renew"));
         }
         if let Some(t) = ttl {
+            // A ttl the lease cannot take is refused before anything
+            // changes, on the client as on the server.
+            self.lease.check_ttl(t)?;
             // Under the turn, so that no renewal sent earlier can restore
             // the longer validity afterwards.
             self.may_shorten_to(t);

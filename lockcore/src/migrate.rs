@@ -101,69 +101,114 @@ impl Migrating {
         self
     }
 
-    /// Checks, by behaviour, that the old and the new backend are two
-    /// stores: the probe name `lockcore-migrate-probe`, taken on the old
-    /// backend (waiting up to 10 s for another client's probe), must be
-    /// free on the new one. One store given twice (two spellings of one server: an
-    /// IP and a host name, a default written out) would make every
-    /// migrating client block each name against itself, or worse.
+    /// Whether the old and the new backend are one store given twice (two
+    /// spellings of one server: an IP and a host name, a default written
+    /// out), told by behaviour: a probe lock taken on the old backend is
+    /// looked up on the new one. Where both can inspect, the new one must
+    /// show the probe held by the probe's own owner token (another client's
+    /// probe never counts); otherwise a `try` on the new one must find it
+    /// held three times, on three names drawn at random. The probes are
+    /// parts named `lockcore-migrate-probe␟permit-NNNN` (16 of them, so a
+    /// store that keeps a row per name keeps at most 16), held for a moment
+    /// with the default ttl.
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use lockcore::{memory::MemoryBackend, migrate::Migrating, ErrorKind};
+    /// use lockcore::{memory::MemoryBackend, migrate::Migrating};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> lockcore::Result<()> {
     /// let one = MemoryBackend::new();
-    /// let twice = Migrating::new(Arc::new(one.clone()), Arc::new(one));
-    /// let e = twice.verify_distinct().await.unwrap_err();
-    /// assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+    /// assert!(Migrating::new(Arc::new(one.clone()), Arc::new(one.clone())).one_store().await?);
+    /// assert!(!Migrating::new(Arc::new(one), Arc::new(MemoryBackend::new())).one_store().await?);
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) when the
-    /// new backend sees the probe held; what either backend returns when it
-    /// cannot be asked ([`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable)).
+    /// What either backend returns when it cannot be asked
+    /// ([`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable), say).
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: the probe is a lock like any other, released in the
+    /// Cancel safe: a probe is a lock like any other, released in the
     /// background if the future is dropped.
-    pub async fn verify_distinct(&self) -> Result<()> {
-        // One name for every client, so that a store that keeps a row per
-        // name (MySQL) keeps one, and probes of clients sharing the old
-        // backend take turns there: none sees another's probe on the new.
-        const PROBE: &str = "lockcore-migrate-probe";
-        let opts = crate::LockOptions::new()
-            .ttl(Duration::from_secs(10))
-            .renew(false);
+    pub async fn one_store(&self) -> Result<bool> {
         let old = crate::Locker::from_arc(self.old.clone());
         let new = crate::Locker::from_arc(self.new.clone());
-        let waiting = opts.wait(crate::Wait::For(Duration::from_secs(10)));
-        let Some(probe) = old.acquire(PROBE, &waiting).await? else {
-            return Err(Error::unavailable(
+        let opts = crate::LockOptions::new()
+            .renew(false)
+            .wait(crate::Wait::Try);
+        let identity = old.capabilities().inspect && new.capabilities().inspect;
+        let mut seen_held = 0;
+        for _ in 0..8 {
+            let n = rand::random_range(0..16u32);
+            let name = format!(
+                "lockcore-migrate-probe{}permit-{n:04}",
+                crate::name::PART_SEPARATOR
+            );
+            // Held by another client's probe: draw another.
+            let Some(probe) = old.acquire(&name, &opts).await? else {
+                continue;
+            };
+            let mine = if identity {
+                holder_of(&old, &name).await?
+            } else {
+                None
+            };
+            let same = match mine {
+                // By identity: our own probe, seen from the new backend.
+                Some(mine) => Some(holder_of(&new, &name).await?.as_deref() == Some(&*mine)),
+                // By occupancy: held there may be another client's probe.
+                None => match new.acquire(&name, &opts).await? {
+                    Some(g) => {
+                        let _ = g.release().await;
+                        Some(false)
+                    }
+                    None => None,
+                },
+            };
+            let _ = probe.release().await;
+            match same {
+                Some(same) => return Ok(same),
+                None => {
+                    seen_held += 1;
+                    if seen_held == 3 {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// [`one_store`](Migrating::one_store) as a check: `Ok` for two stores,
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for one
+    /// store given twice, which would make every migrating client block
+    /// each name against itself. A store that cannot be asked now (down,
+    /// or an account that may not take locks) gives no verdict: a warning
+    /// through `tracing`, and `Ok` (its locks report it when tried).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) for
+    /// one store, and nothing else.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`one_store`](Migrating::one_store).
+    pub async fn verify_distinct(&self) -> Result<()> {
+        match self.one_store().await {
+            Ok(true) => Err(Error::invalid_config(
                 NAME,
-                format!("the old backend did not grant the probe name {PROBE:?}"),
-            ));
-        };
-        let seen = new.acquire(PROBE, &opts.wait(crate::Wait::Try)).await;
-        // The new backend's probe first: the old one gives the next client
-        // its turn.
-        let distinct = match seen {
-            Ok(Some(g)) => {
-                let _ = g.release().await;
+                "the old and the new backend are the same store: a lock taken on the old one shows on the new one",
+            )),
+            Ok(false) => Ok(()),
+            Err(e) => {
+                tracing::warn!(backend = NAME, error = %e, "could not tell whether the old and the new backend are one store: not checked");
                 Ok(())
             }
-            Ok(None) => Err(Error::invalid_config(
-                NAME,
-                "the old and the new backend are the same store: a name held on the old one shows held on the new one",
-            )),
-            Err(e) => Err(e),
-        };
-        let _ = probe.release().await;
-        distinct
+        }
     }
 
     /// Who holds `name` on each backend, and whether it is one migrating
@@ -200,24 +245,38 @@ impl Migrating {
     /// Cancel safe: it only reads.
     pub async fn sides(&self, name: &str) -> Result<Sides> {
         crate::validate_name(NAME, name)?;
-        let (old, new) = tokio::join!(self.old.inspect(name), self.new.inspect(name));
-        let (Some(old), Some(new)) = (old?, new?) else {
-            return Err(Error::invalid_config(
+        let cannot = || {
+            Error::invalid_config(
                 NAME,
                 "a backend of this migration cannot inspect locks, so who holds a name cannot be compared",
             )
-            .with_name(name));
+            .with_name(name)
         };
-        let owner = |h: &crate::HolderInfo| h.owner.clone();
-        Ok(match (old.holder, new.holder) {
-            (None, None) => Sides::Free,
-            (Some(o), None) => Sides::OldOnly { owner: owner(&o) },
-            (None, Some(n)) => Sides::NewOnly { owner: owner(&n) },
-            (Some(o), Some(n)) => match (o.owner, n.owner) {
-                (Some(a), Some(b)) if a == b => Sides::Migrating { owner: a },
-                (a, b) => Sides::Split { old: a, new: b },
-            },
-        })
+        let holder = |b: &Arc<dyn Backend>| {
+            let b = b.clone();
+            let name = name.to_owned();
+            async move {
+                match b.inspect(&name).await? {
+                    Some(info) => Ok(info.holder.map(|h| h.owner)),
+                    None => Err(cannot()),
+                }
+            }
+        };
+        // The new backend is read before and after the old one: a
+        // hand-over between two reads would otherwise pair one holder's
+        // new half with the next holder's old half.
+        let mut last = None;
+        for _ in 0..5 {
+            let before = holder(&self.new).await?;
+            let old = holder(&self.old).await?;
+            let after = holder(&self.new).await?;
+            let sides = sides_of(old, after.clone());
+            if before == after {
+                return Ok(sides);
+            }
+            last = Some(sides);
+        }
+        last.ok_or_else(cannot)
     }
 
     /// The old backend.
@@ -257,9 +316,19 @@ pub enum Sides {
         /// The new backend's holder.
         owner: Option<String>,
     },
-    /// Held on both, by owners that differ or cannot be compared: an
-    /// old-only and a new-only client at once, which must never be.
+    /// Held on both by two owners of this library: an old-only client and
+    /// a new-only one at once (which must never be), or a migrating client
+    /// that holds the old half and waits for a new-only client on the new.
     Split {
+        /// The old backend's holder.
+        old: Option<String>,
+        /// The new backend's holder.
+        new: Option<String>,
+    },
+    /// Held on both, by owners that cannot be compared: another client's
+    /// layout (Curator, `etcdctl`), or an election's candidate on etcd,
+    /// whose key holds its value rather than its owner token.
+    Unknown {
         /// The old backend's holder.
         old: Option<String>,
         /// The new backend's holder.
@@ -268,7 +337,8 @@ pub enum Sides {
 }
 
 impl Sides {
-    /// A short name: `free`, `migrating`, `old_only`, `new_only`, `split`.
+    /// A short name: `free`, `migrating`, `old_only`, `new_only`, `split`,
+    /// `unknown`.
     pub fn verdict(&self) -> &'static str {
         match self {
             Sides::Free => "free",
@@ -276,6 +346,7 @@ impl Sides {
             Sides::OldOnly { .. } => "old_only",
             Sides::NewOnly { .. } => "new_only",
             Sides::Split { .. } => "split",
+            Sides::Unknown { .. } => "unknown",
         }
     }
 
@@ -289,10 +360,50 @@ impl Sides {
             }
             Sides::NewOnly { .. } => "held on the new backend only: a new-only client (phase 3 has begun)",
             Sides::Split { .. } => {
-                "held on both backends by different owners: an old-only and a new-only client at once, which must never be"
+                "held on both backends by different owners: an old-only and a new-only client at once (which must never be), or a migrating client waiting for a new-only one"
+            }
+            Sides::Unknown { .. } => {
+                "held on both backends by owners that cannot be compared (another client's layout, or an election on etcd)"
             }
         }
     }
+}
+
+/// The verdict for the holders seen on the old and the new backend (each
+/// `None` when free, `Some(None)` when held by an owner it cannot name).
+fn sides_of(old: Option<Option<String>>, new: Option<Option<String>>) -> Sides {
+    let token = |o: &Option<String>| o.as_deref().is_some_and(is_owner_token);
+    match (old, new) {
+        (None, None) => Sides::Free,
+        (Some(o), None) => Sides::OldOnly { owner: o },
+        (None, Some(n)) => Sides::NewOnly { owner: n },
+        (Some(o), Some(n)) if token(&o) && token(&n) => {
+            if o == n {
+                Sides::Migrating {
+                    owner: o.unwrap_or_default(),
+                }
+            } else {
+                Sides::Split { old: o, new: n }
+            }
+        }
+        (Some(o), Some(n)) => Sides::Unknown { old: o, new: n },
+    }
+}
+
+/// Whether `s` is an owner token as this library's holders report it (32
+/// lowercase hex digits).
+fn is_owner_token(s: &str) -> bool {
+    s.len() == 32
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The owner a backend reports holding `name`, if any.
+async fn holder_of(l: &crate::Locker, name: &str) -> Result<Option<String>> {
+    Ok(l.inspect(name)
+        .await?
+        .and_then(|i| i.holder)
+        .and_then(|h| h.owner))
 }
 
 /// The weaker of two fencing promises.
@@ -642,6 +753,11 @@ impl BackendLease for MigratingLease {
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped renewal at most extended a lease.
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        self.halves.old.check_ttl(ttl)?;
+        self.halves.new.check_ttl(ttl)
+    }
+
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let _turn = self.halves.turn.lock().await;
         let (a, b) = tokio::join!(self.halves.old.renew(ttl), self.halves.new.renew(ttl));
@@ -834,8 +950,21 @@ mod tests {
         let err = m.verify_distinct().await.expect_err("one store twice");
         assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig);
         assert!(err.to_string().contains("same store"), "{err}");
-        let distinct = Migrating::new(Arc::new(MemoryBackend::new()), Arc::new(one));
+        let distinct = Migrating::new(Arc::new(MemoryBackend::new()), Arc::new(one.clone()));
         distinct.verify_distinct().await.expect("two stores");
+        // Another client's probe held on the new store (a stale one, or a
+        // client of another migration into it) is no proof of one store.
+        let other = Locker::new(one.clone());
+        let mut stale = Vec::new();
+        for n in 0..16 {
+            let name = format!("lockcore-migrate-probe\u{1f}permit-{n:04}");
+            stale.push(other.lock(&name).await.unwrap());
+        }
+        let into_one = Migrating::new(Arc::new(MemoryBackend::new()), Arc::new(one));
+        into_one
+            .verify_distinct()
+            .await
+            .expect("two stores, probes held on the new");
     }
 
     #[tokio::test]

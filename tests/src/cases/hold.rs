@@ -193,6 +193,9 @@ pub async fn server_ttl_follows_extend_and_renewals(ctx: Ctx) {
     let ttl_kept = ctx.caps.lease == LeaseKind::Ttl;
     let gone_within = |ttl: Duration| match ctx.caps.lease {
         LeaseKind::Ttl => ttl + SLACK,
+        // The dead holder's connection closes at once.
+        LeaseKind::Connection => SLACK,
+        // The session's timeout, which the ttl does not set exactly.
         _ => SLACK * 4,
     };
     // Longer: acquired for 1 s, extended to 6 s, renewal off. At 2.5 s the
@@ -214,6 +217,24 @@ pub async fn server_ttl_follows_extend_and_renewals(ctx: Ctx) {
         g.release().await.expect("release after a refused extend");
     }
     must_try(&b, &name).await.release().await.expect("release");
+    // A refused extend leaves the lease as it was: a 5 s lease refused a
+    // 1 s ttl is still held, on the client and the server, after 2 s.
+    let name = ctx.name("extend-refused");
+    let g = a
+        .acquire(&name, &opts(Duration::from_secs(5), Wait::Try, false))
+        .await
+        .expect("acquire")
+        .expect("free");
+    if !extended(&g, SHORT_TTL).await {
+        tokio::time::sleep(SHORT_TTL * 2).await;
+        assert!(
+            g.is_held(),
+            "a refused extend shortened the lease: {:?}",
+            g.lost_reason()
+        );
+        must_be_held(&b, &name).await;
+    }
+    g.release().await.expect("release");
 
     // Shorter: acquired for 10 s, extended to 1 s, then the holder dies: the
     // name is free within the new ttl and slack, well before 10 s.
@@ -498,6 +519,29 @@ pub async fn explicit_reentrancy_through_the_guard(ctx: Ctx) {
     must_be_held(&b, &name).await;
     g1.release().await.expect("release");
     must_try(&b, &name).await.release().await.expect("release");
+
+    // An abandoned lease stays on the server for another hold's drop: it
+    // ends by its ttl, session or connection, as if the holder had died,
+    // never by a release (a ttl lease is still held there at once).
+    let g1 = a
+        .acquire(&name, &opts(Duration::from_secs(10), Wait::Try, true))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let g2 = g1.reenter().expect("reenter");
+    g1.abandon();
+    assert!(!g2.is_held(), "a hold of an abandoned lease is held");
+    drop(g2);
+    if ctx.caps.lease == LeaseKind::Ttl {
+        // The background release of a dropped hold would run now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        must_be_held(&b, &name).await;
+    }
+    acquire_within(&b, &name, Duration::from_secs(10) + SLACK * 2)
+        .await
+        .release()
+        .await
+        .expect("release");
 
     // A lost lease is not re-entered.
     let g = a

@@ -1,7 +1,7 @@
 //! `distlock inspect`: who holds a lock.
 
-use distlock::migrate::Sides;
-use distlock::Locker;
+use distlock::migrate::{Migrating, Sides};
+use distlock::{ErrorKind, Locker};
 use serde_json::json;
 
 use crate::exit;
@@ -19,24 +19,18 @@ pub(crate) struct Args {
 /// Prints the holder and waiters of a lock, and for a `migrate:` URL who
 /// holds it on each backend (the check before phase 3); returns the exit
 /// code.
-pub(crate) async fn inspect(locker: Locker, url: &str, args: Args) -> u8 {
-    let sides = if url.starts_with("migrate:") {
-        let pair = match distlock::connect_migration(url).await {
-            Ok(p) => p,
+pub(crate) async fn inspect(locker: Locker, pair: Option<Migrating>, args: Args) -> u8 {
+    // `Err` when a backend cannot say who holds the name: no verdict.
+    let sides = match &pair {
+        Some(p) => Some(match p.sides(&args.name).await {
+            Ok(s) => Ok(s),
+            Err(e) if e.kind() == ErrorKind::InvalidConfig => Err(e.to_string()),
             Err(e) => {
                 eprintln!("distlock: {e}");
                 return exit::for_error(&e);
             }
-        };
-        match pair.sides(&args.name).await {
-            Ok(s) => Some(s),
-            Err(e) => {
-                eprintln!("distlock: {e}");
-                return exit::for_error(&e);
-            }
-        }
-    } else {
-        None
+        }),
+        None => None,
     };
     let info = match locker.inspect(&args.name).await {
         Ok(Some(info)) => info,
@@ -68,14 +62,25 @@ pub(crate) async fn inspect(locker: Locker, url: &str, args: Args) -> u8 {
             "holder": holder,
             "waiters": info.waiters,
         });
-        if let Some(s) = &sides {
-            let (old, new) = owners(s);
-            out["migration"] = json!({
-                "verdict": s.verdict(),
-                "meaning": s.meaning(),
-                "old_owner": old,
-                "new_owner": new,
-            });
+        match &sides {
+            Some(Ok(s)) => {
+                let (old, new) = owners(s);
+                out["migration"] = json!({
+                    "verdict": s.verdict(),
+                    "meaning": s.meaning(),
+                    "old_owner": old,
+                    "new_owner": new,
+                });
+            }
+            Some(Err(why)) => {
+                out["migration"] = json!({
+                    "verdict": "cannot_tell",
+                    "meaning": why,
+                    "old_owner": null,
+                    "new_owner": null,
+                });
+            }
+            None => {}
         }
         println!("{out}");
         return 0;
@@ -102,12 +107,16 @@ pub(crate) async fn inspect(locker: Locker, url: &str, args: Args) -> u8 {
         Some(n) => println!("waiters: {n}"),
         None => println!("waiters: (the backend cannot tell)"),
     }
-    if let Some(s) = &sides {
-        let (old, new) = owners(s);
-        let shown = |o: Option<&str>| o.unwrap_or("(none)").to_owned();
-        println!("phase 3: {} ({})", s.verdict(), s.meaning());
-        println!("  old:   {}", shown(old));
-        println!("  new:   {}", shown(new));
+    match &sides {
+        Some(Ok(s)) => {
+            let (old, new) = owners(s);
+            let shown = |o: Option<&str>| o.unwrap_or("(none)").to_owned();
+            println!("phase 3: {} ({})", s.verdict(), s.meaning());
+            println!("  old:   {}", shown(old));
+            println!("  new:   {}", shown(new));
+        }
+        Some(Err(why)) => println!("phase 3: cannot tell ({why})"),
+        None => {}
     }
     0
 }
@@ -118,7 +127,7 @@ fn owners(s: &Sides) -> (Option<&str>, Option<&str>) {
         Sides::Migrating { owner } => (Some(owner), Some(owner)),
         Sides::OldOnly { owner } => (owner.as_deref().or(Some("(unknown)")), None),
         Sides::NewOnly { owner } => (None, owner.as_deref().or(Some("(unknown)"))),
-        Sides::Split { old, new } => (
+        Sides::Split { old, new } | Sides::Unknown { old, new } => (
             old.as_deref().or(Some("(unknown)")),
             new.as_deref().or(Some("(unknown)")),
         ),

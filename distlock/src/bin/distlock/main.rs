@@ -94,8 +94,18 @@ fn main() -> ExitCode {
         }
     };
     let code = rt.block_on(async move {
-        let locker = match distlock::connect(&url).await {
-            Ok(l) => l,
+        // `inspect` on a migration also tells who holds the name on each
+        // backend: it keeps the pair, connected once.
+        let migration = matches!(cli.command, Command::Inspect(_)) && url.starts_with("migrate:");
+        let connected = if migration {
+            distlock::connect_migration(&url)
+                .await
+                .map(|p| (distlock::Locker::new(p.clone()), Some(p)))
+        } else {
+            distlock::connect(&url).await.map(|l| (l, None))
+        };
+        let (locker, pair) = match connected {
+            Ok(c) => c,
             Err(e) => {
                 eprintln!("distlock: {e}");
                 return exit::for_error(&e);
@@ -105,7 +115,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(locker, args).await,
             Command::Elect(args) => run::elect(locker, args).await,
             Command::Leader(args) => leader::leader(locker, args).await,
-            Command::Inspect(args) => inspect::inspect(locker, &url, args).await,
+            Command::Inspect(args) => inspect::inspect(locker, pair, args).await,
             Command::Bench(args) => bench::bench(locker, &url, args).await,
             Command::Supervise(_) => exit::SOFTWARE,
         }
