@@ -429,31 +429,16 @@ pub(crate) async fn publish(
 ) -> Result<()> {
     let what = "publishing the holder (GET_LOCK)";
     let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
-    let fut = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
+    let asking = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
         .bind(row.as_bytes())
         .bind(wait)
-        .bind(row.as_bytes())
-        .fetch_one(h.conn()?);
-    let got = tokio::time::timeout(limit, fut)
-        .await
-        .map_err(|_| timed_out(what, &sh.server, limit))?
-        .map_err(|e| map_err(e, what, &sh.server))?;
-    let (taken, key) = (
-        got.try_get::<Option<i64>, _>(0)
-            .map_err(|e| map_err(e, what, &sh.server))?,
-        got.try_get::<String, _>(1)
-            .map_err(|e| map_err(e, what, &sh.server))?,
-    );
-    match taken {
-        Some(1) if is_user_lock_name(&key) => {
+        .bind(row.as_bytes());
+    match get_user_lock(sh, h, asking, what, limit).await? {
+        UserLock::Ours(key) => {
             h.user_lock = Some(key);
             Ok(())
         }
-        Some(1) => Err(Error::backend_error(
-            NAME,
-            format!("the server named a user lock {key:?}, not one of ours"),
-        )),
-        _ => {
+        UserLock::Another(key) => {
             if wait > 0 {
                 tracing::warn!(
                     row,
@@ -471,6 +456,48 @@ pub(crate) async fn publish(
     }
 }
 
+/// Who holds a user lock after a `GET_LOCK` (its name in the reply's
+/// second column).
+enum UserLock {
+    /// This session took it.
+    Ours(String),
+    /// Another session holds it.
+    Another(String),
+}
+
+/// Sends `asking` (a `GET_LOCK` and the lock's name) on the holding
+/// connection within `limit`.
+///
+/// # Cancel safety
+///
+/// As [`publish`].
+async fn get_user_lock(
+    sh: &Shared,
+    h: &mut Holding,
+    asking: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    what: &str,
+    limit: Duration,
+) -> Result<UserLock> {
+    let got = tokio::time::timeout(limit, asking.fetch_one(h.conn()?))
+        .await
+        .map_err(|_| timed_out(what, &sh.server, limit))?
+        .map_err(|e| map_err(e, what, &sh.server))?;
+    let (taken, key) = (
+        got.try_get::<Option<i64>, _>(0)
+            .map_err(|e| map_err(e, what, &sh.server))?,
+        got.try_get::<String, _>(1)
+            .map_err(|e| map_err(e, what, &sh.server))?,
+    );
+    match taken {
+        Some(1) if is_user_lock_name(&key) => Ok(UserLock::Ours(key)),
+        Some(1) => Err(Error::backend_error(
+            NAME,
+            format!("the server named a user lock {key:?}, not one of ours"),
+        )),
+        _ => Ok(UserLock::Another(key)),
+    }
+}
+
 /// The holder of term `fence` of `row`, whose row's user lock is another
 /// session's, takes the user lock of its term (`GET_LOCK` without waiting)
 /// and keeps its name in the holding (`Holding::term_lock`), to let go of
@@ -484,32 +511,17 @@ pub(crate) async fn publish(
 async fn publish_term(sh: &Shared, h: &mut Holding, row: &str, fence: u64) -> Result<()> {
     let what = "publishing the holder's term (GET_LOCK)";
     let limit = sh.cfg.request_timeout;
-    let fut = sqlx::query(AssertSqlSafe(sh.sql.term_lock.clone()))
+    let asking = sqlx::query(AssertSqlSafe(sh.sql.term_lock.clone()))
         .bind(row.as_bytes())
         .bind(fence)
         .bind(row.as_bytes())
-        .bind(fence)
-        .fetch_one(h.conn()?);
-    let got = tokio::time::timeout(limit, fut)
-        .await
-        .map_err(|_| timed_out(what, &sh.server, limit))?
-        .map_err(|e| map_err(e, what, &sh.server))?;
-    let (taken, key) = (
-        got.try_get::<Option<i64>, _>(0)
-            .map_err(|e| map_err(e, what, &sh.server))?,
-        got.try_get::<String, _>(1)
-            .map_err(|e| map_err(e, what, &sh.server))?,
-    );
-    match taken {
-        Some(1) if is_user_lock_name(&key) => {
+        .bind(fence);
+    match get_user_lock(sh, h, asking, what, limit).await? {
+        UserLock::Ours(key) => {
             h.term_lock = Some(key);
             Ok(())
         }
-        Some(1) => Err(Error::backend_error(
-            NAME,
-            format!("the server named a user lock {key:?}, not one of ours"),
-        )),
-        _ => {
+        UserLock::Another(key) => {
             tracing::warn!(
                 row,
                 key,
