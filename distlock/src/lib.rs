@@ -90,7 +90,7 @@ async fn connect_migrating(pair: &str, offset: u64) -> Result<migrate::Migrating
     let (old, new) = pair
         .split_once('|')
         .ok_or_else(|| bad("expected two lock URLs: migrate:OLD|NEW"))?;
-    if old.starts_with("migrate:") || new.starts_with("migrate:") || new.contains('|') {
+    if strip_migrate(old).is_some() || strip_migrate(new).is_some() || new.contains('|') {
         return Err(bad(
             "expected exactly two lock URLs, neither a migrate: one",
         ));
@@ -189,7 +189,7 @@ fn backends() -> [Entry; 4] {
 /// released in the background, or by its ttl if the process exits first.
 pub async fn connect(url: &str) -> Result<Locker> {
     let (url, offset) = split_options(url)?;
-    if let Some(pair) = url.strip_prefix("migrate:") {
+    if let Some(pair) = strip_migrate(url) {
         return Ok(Locker::new(connect_migrating(pair, offset).await?));
     }
     let locker = connect_one(url).await?;
@@ -223,7 +223,7 @@ pub async fn connect(url: &str) -> Result<Locker> {
 /// As [`connect`].
 pub async fn connect_migration(url: &str) -> Result<migrate::Migrating> {
     let (url, offset) = split_options(url)?;
-    match url.strip_prefix("migrate:") {
+    match strip_migrate(url) {
         Some(pair) => connect_migrating(pair, offset).await,
         None => Err(Error::invalid_config(
             FACADE,
@@ -235,8 +235,23 @@ pub async fn connect_migration(url: &str) -> Result<migrate::Migrating> {
     }
 }
 
+/// The pair of a `migrate:` URL (the prefix in any case).
+fn strip_migrate(url: &str) -> Option<&str> {
+    let head = url.get(..8)?;
+    head.eq_ignore_ascii_case("migrate:").then(|| &url[8..])
+}
+
 /// Connects to one backend by its URL's scheme.
 async fn connect_one(url: &str) -> Result<Locker> {
+    // Schemes are case-insensitive (RFC 3986): `REDIS://` is `redis://`.
+    let lowered;
+    let url = match url.split_once("://") {
+        Some((scheme, rest)) if scheme.bytes().any(|b| b.is_ascii_uppercase()) => {
+            lowered = format!("{}://{rest}", scheme.to_ascii_lowercase());
+            lowered.as_str()
+        }
+        _ => url,
+    };
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
     for b in backends() {
         if b.schemes.contains(&scheme) {

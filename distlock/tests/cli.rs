@@ -789,6 +789,122 @@ async fn silent_server_is_unavailable_not_held(ctx: Ctx) {
     assert_eq!(st.code(), Some(69), "{st} after {:?}", t.elapsed());
 }
 
+/// `distlock` with `args`, no URL from the environment: (exit code,
+/// stdout, stderr).
+async fn local(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .env_remove("DISTLOCK_URL")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("distlock runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Usage errors (an unknown flag, a missing name, a bad duration) exit 64
+/// as `--help` says, not clap's 2; `--help` and `--version` exit 0.
+async fn usage_errors_exit_64(_ctx: Ctx) {
+    for args in [
+        &["--url", "memory://", "inspect", "--no-such-flag", "x"][..],
+        &["--url", "memory://", "inspect"],
+        &[
+            "--url",
+            "redis://127.0.0.1:1",
+            "run",
+            "--ttl",
+            "soon",
+            "x",
+            "--",
+            "true",
+        ],
+        &["no-such-command"],
+    ] {
+        let (code, _, err) = local(args).await;
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+    }
+    for args in [&["--help"][..], &["--version"], &["run", "--help"]] {
+        let (code, out, err) = local(args).await;
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(!out.is_empty(), "{args:?} printed nothing");
+    }
+}
+
+/// Output to a closed pipe ends quietly: no panic, no exit 101.
+async fn closed_stdout_ends_quietly(_ctx: Ctx) {
+    for args in [
+        &["--url", "memory://", "inspect", "x"][..],
+        &["--url", "memory://", "inspect", "--json", "x"],
+    ] {
+        let mut child = Command::new(bin())
+            .args(args)
+            .env_remove("DISTLOCK_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // The reader goes away before anything is written.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().await.expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_ne!(out.status.code(), Some(101), "{args:?}: {err}");
+    }
+}
+
+/// `memory://` lives in one process: `run`, `elect` and `leader` refuse
+/// it (exit 64, saying why); `inspect` keeps it.
+async fn memory_is_refused_where_processes_meet(_ctx: Ctx) {
+    for args in [
+        &["--url", "memory://", "run", "x", "--", "true"][..],
+        &[
+            "--url",
+            "MEMORY://",
+            "elect",
+            "--value",
+            "v",
+            "x",
+            "--",
+            "true",
+        ],
+        &["--url", "memory://", "leader", "x"],
+    ] {
+        let (code, _, err) = local(args).await;
+        assert_eq!(code, Some(64), "{args:?}: {err}");
+        assert!(err.contains("one process"), "{args:?}: {err}");
+    }
+    let (code, _, err) = local(&["--url", "memory://", "inspect", "x"]).await;
+    assert_eq!(code, Some(0), "{err}");
+}
+
+/// Every subcommand's `--help` has an example line.
+async fn every_help_has_an_example(_ctx: Ctx) {
+    for sub in ["run", "elect", "leader", "inspect", "bench"] {
+        let (code, out, _) = local(&[sub, "--help"]).await;
+        assert_eq!(code, Some(0));
+        assert!(
+            out.contains("Example") && out.contains("distlock "),
+            "`distlock {sub} --help` has no example:\n{out}"
+        );
+    }
+}
+
+/// Schemes are case-insensitive: the backend's URL with its scheme in
+/// capitals works as it is.
+async fn schemes_are_case_insensitive(ctx: Ctx) {
+    let url = (spec(&ctx).url)(&ctx.config);
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let upper = format!("{}://{rest}", scheme.to_ascii_uppercase());
+    let (code, out, err) = local(&["--url", &upper, "inspect", &ctx.name("caps")]).await;
+    assert_eq!(code, Some(0), "{upper}: {out}{err}");
+}
+
 fn main() -> std::process::ExitCode {
     let targets = SPECS
         .iter()
@@ -842,7 +958,28 @@ fn main() -> std::process::ExitCode {
             .case("nothing_the_command_started_outlives_it", |c| {
                 Box::pin(nothing_the_command_started_outlives_it(c))
             })
+            .case("schemes_are_case_insensitive", |c| {
+                Box::pin(schemes_are_case_insensitive(c))
+            })
         })
-        .collect();
-    run_serial(targets)
+        .collect::<Vec<_>>();
+    let local = Target::new("cli-local", None, |_| async {
+        Ok(UrlHarness::shared("memory://cli-local".to_owned(), |u| {
+            Box::pin(async move { distlock::connect(&u).await })
+        }))
+    })
+    .only_own_cases()
+    .case("usage_errors_exit_64", |c| {
+        Box::pin(usage_errors_exit_64(c))
+    })
+    .case("closed_stdout_ends_quietly", |c| {
+        Box::pin(closed_stdout_ends_quietly(c))
+    })
+    .case("memory_is_refused_where_processes_meet", |c| {
+        Box::pin(memory_is_refused_where_processes_meet(c))
+    })
+    .case("every_help_has_an_example", |c| {
+        Box::pin(every_help_has_an_example(c))
+    });
+    run_serial(std::iter::once(local).chain(targets).collect())
 }

@@ -1,5 +1,6 @@
 //! `distlock bench`: a backend's figures, as a table or JSON.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use distlock::Locker;
@@ -67,7 +68,7 @@ fn bar(phase: &str, run: Duration) -> ProgressBar {
 /// Runs the benchmark; returns the exit code.
 pub(crate) async fn bench(locker: Locker, url: &str, args: Args) -> u8 {
     match measure(locker, url, &args).await {
-        Ok(()) => 0,
+        Ok(text) => crate::out::print(&text),
         Err(e) => {
             eprintln!("distlock: bench: {e}");
             exit::for_error(&e)
@@ -75,7 +76,7 @@ pub(crate) async fn bench(locker: Locker, url: &str, args: Args) -> u8 {
     }
 }
 
-async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()> {
+async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<String> {
     let ns = format!("distlock-bench/{}", std::process::id());
     let run = args.duration;
 
@@ -191,46 +192,68 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
             "held": { "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
                       "rss_added_kib": held.rss_added_kib, "cpu_s": held.cpu.as_secs_f64(), "cpu_percent": cpu_pct },
         });
-        println!("{out}");
-        return Ok(());
+        return Ok(out.to_string());
     }
-    println!("backend: {}", locker.backend_name());
-    println!("| figure | value |");
-    println!("|---|---|");
-    println!("| uncontended acquire+release, 1 task | {one:.0} pairs/s |");
-    println!(
+    let mut o = String::new();
+    let _ = writeln!(o, "backend: {}", locker.backend_name());
+    let _ = writeln!(o, "| figure | value |");
+    let _ = writeln!(o, "|---|---|");
+    let _ = writeln!(
+        o,
+        "| uncontended acquire+release, 1 task | {one:.0} pairs/s |"
+    );
+    let _ = writeln!(
+        o,
         "| uncontended acquire+release, {} tasks, distinct names | {many:.0} pairs/s |",
         args.tasks
     );
-    println!(
+    let _ = writeln!(
+        o,
         "| contended hand-offs, {} clients on one name | {handoffs_per_s:.0} /s |",
         args.contenders
     );
-    println!("| hand-off latency p50 / p99 / max | {p50:.3} / {p99:.3} / {max:.3} ms |");
+    let _ = writeln!(
+        o,
+        "| hand-off latency p50 / p99 / max | {p50:.3} / {p99:.3} / {max:.3} ms |"
+    );
     match sem {
-        Some((permits, permit_floor)) => println!(
-            "| semaphore of {BENCH_PERMITS} permits, acquire+release, 1 task | {permits:.0} permits/s ({:.2}× the lock's {permit_floor:.0} pairs/s in alternating thirds) |",
-            permits / permit_floor.max(1e-9)
-        ),
-        None => println!(
-            "| semaphore of {BENCH_PERMITS} permits | none: the two backends lay a semaphore out differently |"
-        ),
+        Some((permits, permit_floor)) => {
+            let _ = writeln!(
+                o,
+                "| semaphore of {BENCH_PERMITS} permits, acquire+release, 1 task | {permits:.0} permits/s ({:.2}× the lock's {permit_floor:.0} pairs/s in alternating thirds) |",
+                permits / permit_floor.max(1e-9)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "| semaphore of {BENCH_PERMITS} permits | none: the two backends lay a semaphore out differently |"
+            );
+        }
     }
     if let Some((n, s50, smax)) = sem_handoff {
-        println!(
+        let _ = writeln!(
+            o,
             "| semaphore permit hand-off to a queued waiter, {} of {BENCH_PERMITS} held, p50 / max of {n} | {s50:.3} / {smax:.3} ms |",
             BENCH_PERMITS - 1
         );
     }
     match rw {
-        Some((_, rw50, rw99)) => println!(
-            "| read-write hand-off (writer ↔ reader) p50 / p99 | {rw50:.3} / {rw99:.3} ms |"
-        ),
-        None => println!(
-            "| read-write hand-off (writer ↔ reader) | none: the two backends lay a read-write lock out differently |"
-        ),
+        Some((_, rw50, rw99)) => {
+            let _ = writeln!(
+                o,
+                "| read-write hand-off (writer ↔ reader) p50 / p99 | {rw50:.3} / {rw99:.3} ms |"
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "| read-write hand-off (writer ↔ reader) | none: the two backends lay a read-write lock out differently |"
+            );
+        }
     }
-    println!(
+    let _ = writeln!(
+        o,
         "| {} leases held with renewal (ttl {:?}) | +{} KiB resident, {:.2}% CPU{} |",
         held.leases,
         args.held_ttl,
@@ -242,5 +265,5 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<()>
             " (some leases were lost!)"
         }
     );
-    Ok(())
+    Ok(o.trim_end().to_owned())
 }

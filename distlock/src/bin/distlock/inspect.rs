@@ -1,5 +1,7 @@
 //! `distlock inspect`: who holds a lock.
 
+use std::fmt::Write as _;
+
 use distlock::migrate::{Migrating, Sides};
 use distlock::{ErrorKind, Locker};
 use serde_json::json;
@@ -82,43 +84,59 @@ pub(crate) async fn inspect(locker: Locker, pair: Option<Migrating>, args: Args)
             }
             None => {}
         }
-        println!("{out}");
-        return 0;
+        return crate::out::print(&out.to_string());
     }
-    println!("lock:    {:?} ({})", args.name, locker.backend_name());
+    let mut o = String::new();
+    let _ = writeln!(o, "lock:    {:?} ({})", args.name, locker.backend_name());
     match &info.holder {
-        None => println!("holder:  none (free)"),
+        None => {
+            let _ = writeln!(o, "holder:  none (free)");
+        }
         Some(h) => {
-            println!("holder:  {}", h.owner.as_deref().unwrap_or("(unknown)"));
+            let _ = writeln!(o, "holder:  {}", h.owner.as_deref().unwrap_or("(unknown)"));
             match h.fence {
-                Some(f) => println!("fence:   {f}"),
-                None => println!("fence:   (none)"),
+                Some(f) => {
+                    let _ = writeln!(o, "fence:   {f}");
+                }
+                None => {
+                    let _ = writeln!(o, "fence:   (none)");
+                }
             }
             match h.ttl_remaining {
-                Some(d) => println!("ttl:     {:.3}s remaining", d.as_secs_f64()),
-                None => println!("ttl:     (kept alive by a session or connection)"),
+                Some(d) => {
+                    let _ = writeln!(o, "ttl:     {:.3}s remaining", d.as_secs_f64());
+                }
+                None => {
+                    let _ = writeln!(o, "ttl:     (kept alive by a session or connection)");
+                }
             }
             if let Some(v) = &h.value {
-                println!("value:   {v}");
+                let _ = writeln!(o, "value:   {v}");
             }
         }
     }
     match info.waiters {
-        Some(n) => println!("waiters: {n}"),
-        None => println!("waiters: (the backend cannot tell)"),
+        Some(n) => {
+            let _ = writeln!(o, "waiters: {n}");
+        }
+        None => {
+            let _ = writeln!(o, "waiters: (the backend cannot tell)");
+        }
     }
     match &sides {
         Some(Ok(s)) => {
             let (old, new) = owners(s);
             let shown = |o: Option<&str>| o.unwrap_or("(none)").to_owned();
-            println!("phase 3: {} ({})", s.verdict(), s.meaning());
-            println!("  old:   {}", shown(old));
-            println!("  new:   {}", shown(new));
+            let _ = writeln!(o, "phase 3: {} ({})", s.verdict(), s.meaning());
+            let _ = writeln!(o, "  old:   {}", shown(old));
+            let _ = writeln!(o, "  new:   {}", shown(new));
         }
-        Some(Err(why)) => println!("phase 3: cannot tell ({why})"),
+        Some(Err(why)) => {
+            let _ = writeln!(o, "phase 3: cannot tell ({why})");
+        }
         None => {}
     }
-    0
+    crate::out::print(o.trim_end())
 }
 
 /// The holders on the old and the new backend.

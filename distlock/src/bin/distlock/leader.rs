@@ -6,6 +6,7 @@ use distlock::{Election, Leader, Locker};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::exit;
+use crate::out::{say, Said};
 
 /// Arguments of `distlock leader`.
 #[derive(Debug, clap::Args)]
@@ -41,31 +42,6 @@ fn line(leader: Option<&Leader>) -> String {
                 }
             }
             format!("term={term} {value}")
-        }
-    }
-}
-
-/// How writing a line went.
-enum Said {
-    /// Written.
-    Yes,
-    /// Stdout is closed (a reader like `head -1` went away): `--watch`
-    /// ends quietly.
-    Closed,
-    /// Another write error: the exit code, after a message.
-    Failed(u8),
-}
-
-/// Writes one line to stdout.
-fn say(text: &str) -> Said {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match writeln!(out, "{text}").and_then(|()| out.flush()) {
-        Ok(()) => Said::Yes,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Said::Closed,
-        Err(e) => {
-            eprintln!("distlock: writing to stdout: {e}");
-            Said::Failed(exit::SOFTWARE)
         }
     }
 }

@@ -10,6 +10,7 @@ mod bench;
 mod exit;
 mod inspect;
 mod leader;
+mod out;
 mod run;
 mod supervise;
 
@@ -44,14 +45,29 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a command while holding a lock, renewing it; stop the command if the lease is lost.
+    #[command(
+        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 run --wait 30s nightly-report -- ./report.sh\n  distlock run --permits 4 crawlers -- ./crawl.sh      (DISTLOCK_URL set)\n  distlock run --shared config -- ./read-config.sh"
+    )]
     Run(run::Args),
     /// Run a command while leading an election, with a value observers see; stop it when leadership is lost.
+    #[command(
+        after_help = "Example:\n  distlock --url zk://127.0.0.1:2181 elect --value \"$(hostname)\" scheduler -- ./scheduler"
+    )]
     Elect(run::ElectArgs),
     /// Print who leads an election (`term=N VALUE`, or `none`); --watch follows the changes.
+    #[command(
+        after_help = "Examples:\n  distlock --url zk://127.0.0.1:2181 leader scheduler\n  distlock leader --watch scheduler      (DISTLOCK_URL set)"
+    )]
     Leader(leader::Args),
     /// Show who holds a lock (owner, fencing token, remaining ttl) and its waiters.
+    #[command(
+        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 inspect nightly-report\n  distlock --url 'migrate:redis://r:6379|zk://z:2181' inspect --json nightly-report   (the phase-3 check)"
+    )]
     Inspect(inspect::Args),
     /// Measure a backend: uncontended and contended throughput, hand-off latency, many leases held.
+    #[command(
+        after_help = "Example:\n  distlock --url redis://127.0.0.1:6379 bench --duration 3s --json"
+    )]
     Bench(bench::Args),
     /// (Internal) the supervisor `run` starts the command under.
     #[command(name = "__supervise", hide = true)]
@@ -74,7 +90,15 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with 0; a usage error to stderr
+            // with 64 (EX_USAGE), as the exit codes in --help say.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
     init_logging(cli.verbose);
     if let Command::Supervise(args) = cli.command {
         return ExitCode::from(supervise::supervise(args));
@@ -83,6 +107,18 @@ fn main() -> ExitCode {
         eprintln!("distlock: no backend: pass --url URL or set DISTLOCK_URL (e.g. redis://127.0.0.1:6379)");
         return ExitCode::from(exit::USAGE);
     };
+    let in_process = url
+        .split_once("://")
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("memory"));
+    if in_process
+        && matches!(
+            cli.command,
+            Command::Run(_) | Command::Elect(_) | Command::Leader(_)
+        )
+    {
+        eprintln!("distlock: memory:// lives in one process and cannot exclude other processes: give run, elect and leader a server's URL (redis://, zk://, etcd://, mysql://)");
+        return ExitCode::from(exit::USAGE);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -96,7 +132,10 @@ fn main() -> ExitCode {
     let code = rt.block_on(async move {
         // `inspect` on a migration also tells who holds the name on each
         // backend: it keeps the pair, connected once.
-        let migration = matches!(cli.command, Command::Inspect(_)) && url.starts_with("migrate:");
+        let migration = matches!(cli.command, Command::Inspect(_))
+            && url
+                .get(..8)
+                .is_some_and(|h| h.eq_ignore_ascii_case("migrate:"));
         let connected = if migration {
             distlock::connect_migration(&url)
                 .await
