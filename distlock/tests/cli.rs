@@ -874,6 +874,15 @@ async fn memory_is_refused_where_processes_meet(_ctx: Ctx) {
             "true",
         ],
         &["--url", "memory://", "leader", "x"],
+        &[
+            "--url",
+            "migrate:memory://a|memory://b",
+            "run",
+            "x",
+            "--",
+            "true",
+        ],
+        &["--url", "memory:x", "run", "x", "--", "true"],
     ] {
         let (code, _, err) = local(args).await;
         assert_eq!(code, Some(64), "{args:?}: {err}");

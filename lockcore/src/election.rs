@@ -61,6 +61,11 @@ pub const MAX_VALUE_BYTES: usize = 1024;
 /// How often an [`Observer`] asks the server by default.
 pub const OBSERVE_EVERY: Duration = Duration::from_millis(100);
 
+/// How often [`Election::leader`] reads again a holder the backend cannot
+/// name yet (no owner, token or value), 100 ms apart, before it reports it
+/// as a leader with no value.
+const PENDING_READS: u32 = 10;
+
 /// A leader election on one name (see the [module docs](self)).
 #[derive(Debug, Clone)]
 pub struct Election {
@@ -192,18 +197,33 @@ impl Election {
     ///
     /// Cancel safe: it only reads.
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        let info = self.locker.inspect(&self.name).await?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::Backend,
-                self.locker.backend_name(),
-                "the backend could not say who holds the name",
-            )
-            .with_name(&self.name)
-        })?;
-        Ok(info.holder.map(|h| Leader {
-            value: h.value.unwrap_or_default(),
-            term: h.fence,
-        }))
+        // A holder the backend cannot name yet (MySQL's between its row and
+        // its publication: no owner, token or value) is a leader in the
+        // making: read again for a while before reporting it unnamed.
+        let mut pending = 0;
+        loop {
+            let info = self.locker.inspect(&self.name).await?.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    self.locker.backend_name(),
+                    "the backend could not say who holds the name",
+                )
+                .with_name(&self.name)
+            })?;
+            let unnamed = info
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.owner.is_none() && h.fence.is_none() && h.value.is_none());
+            if unnamed && pending < PENDING_READS {
+                pending += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            return Ok(info.holder.map(|h| Leader {
+                value: h.value.unwrap_or_default(),
+                term: h.fence,
+            }));
+        }
     }
 
     /// An observer of this election's leaders (see [`Observer::changed`]).

@@ -227,7 +227,7 @@ impl Held {
         if let Some(t) = ttl {
             // A ttl the lease cannot take is refused before anything
             // changes, on the client as on the server.
-            self.lease.check_ttl(t)?;
+            self.lease.check_ttl(t).map_err(|e| e.or_name(&self.name))?;
             // Under the turn, so that no renewal sent earlier can restore
             // the longer validity afterwards.
             self.may_shorten_to(t);

@@ -265,18 +265,21 @@ impl Migrating {
         // The new backend is read before and after the old one: a
         // hand-over between two reads would otherwise pair one holder's
         // new half with the next holder's old half.
-        let mut last = None;
+        let mut last = (None, None);
         for _ in 0..5 {
             let before = holder(&self.new).await?;
             let old = holder(&self.old).await?;
             let after = holder(&self.new).await?;
-            let sides = sides_of(old, after.clone());
             if before == after {
-                return Ok(sides);
+                return Ok(sides_of(old, after));
             }
-            last = Some(sides);
+            last = (old, after);
         }
-        last.ok_or_else(cannot)
+        // The name changed hands through every read: no verdict to trust.
+        Ok(Sides::Unknown {
+            old: last.0.flatten(),
+            new: last.1.flatten(),
+        })
     }
 
     /// The old backend.
@@ -327,7 +330,8 @@ pub enum Sides {
     },
     /// Held on both, by owners that cannot be compared: another client's
     /// layout (Curator, `etcdctl`), or an election's candidate on etcd,
-    /// whose key holds its value rather than its owner token.
+    /// whose key holds its value rather than its owner token; or a name
+    /// that changed hands through every read.
     Unknown {
         /// The old backend's holder.
         old: Option<String>,
@@ -747,17 +751,18 @@ impl Drop for MigratingLease {
 
 #[async_trait]
 impl BackendLease for MigratingLease {
+    /// A ttl both halves can take.
+    fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        self.halves.old.check_ttl(ttl)?;
+        self.halves.new.check_ttl(ttl)
+    }
+
     /// Renews both at once: renewed only when both are, lost when either
     /// is.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped renewal at most extended a lease.
-    fn check_ttl(&self, ttl: Duration) -> Result<()> {
-        self.halves.old.check_ttl(ttl)?;
-        self.halves.new.check_ttl(ttl)
-    }
-
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let _turn = self.halves.turn.lock().await;
         let (a, b) = tokio::join!(self.halves.old.renew(ttl), self.halves.new.renew(ttl));

@@ -107,9 +107,15 @@ fn main() -> ExitCode {
         eprintln!("distlock: no backend: pass --url URL or set DISTLOCK_URL (e.g. redis://127.0.0.1:6379)");
         return ExitCode::from(exit::USAGE);
     };
-    let in_process = url
-        .split_once("://")
-        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("memory"));
+    // memory:// itself, or as either half of a migrate: pair.
+    let pair = url
+        .get(..8)
+        .filter(|h| h.eq_ignore_ascii_case("migrate:"))
+        .map_or(url.as_str(), |_| &url[8..]);
+    let in_process = pair.split('|').any(|u| {
+        u.split_once(':')
+            .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("memory"))
+    });
     if in_process
         && matches!(
             cli.command,
