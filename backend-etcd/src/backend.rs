@@ -182,7 +182,18 @@ impl EtcdBackend {
                 false,
                 kv.get(format!("{}/", cfg.prefix), Some(probe)),
             )
-            .await?;
+            .await
+            .map_err(|e| {
+                if crate::error::is_other_protocol(&e) {
+                    Error::unavailable(
+                        NAME,
+                        format!("connecting to {}: the server did not answer as etcd (gRPC over HTTP/2); is another service listening on that port?", backend.inner.servers),
+                    )
+                    .with_source(e)
+                } else {
+                    e
+                }
+            })?;
         Ok(backend)
     }
 

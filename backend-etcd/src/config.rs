@@ -36,9 +36,10 @@ use lockcore::{Error, Result};
 /// The backend's short name in errors and logs.
 pub const NAME: &str = "etcd";
 
-/// The URL schemes this backend takes (besides a list of `http://` or
-/// `https://` endpoints).
-pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+/// The URL schemes this backend takes: its own, and `http://` or
+/// `https://` for a list of endpoints as the etcd client and `etcdctl`
+/// write them.
+pub const SCHEMES: &[&str] = &["etcd", "etcds", "http", "https"];
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "lockcore";
@@ -104,6 +105,13 @@ impl EtcdConfig {
         let url = url.trim();
         let bad =
             |what: String| Error::invalid_config(NAME, format!("{what} (in {})", redact(url)));
+        if let Some((_, rest)) = url.split_once("://").filter(|(s, _)| s.starts_with("etcd")) {
+            if rest.starts_with("http://") || rest.starts_with("https://") {
+                return Err(bad(
+                    "write endpoints either as etcd://host:2379[,host:2379] or as http://host:2379[,http://host:2379] (https:// for TLS), not both".to_owned(),
+                ));
+            }
+        }
         // An endpoints list (`http://a:2379,http://b:2379?...`) reads as
         // `etcd://a:2379,b:2379?...` (`etcds://` for https).
         let listed;
@@ -273,6 +281,7 @@ mod tests {
             ("http://h:1,h2:2", "http://"),
             ("http://h:1,https://h2:2", "mix"),
             ("etcd://h?password=x", "without a user"),
+            ("etcd://http://h:2379", "not both"),
         ] {
             let e = EtcdConfig::parse(url).expect_err(url);
             assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{url}");

@@ -30,9 +30,20 @@ pub(crate) fn map_err(e: etcd_client::Error, what: &str, servers: &str, mutating
                 (cut_off, "is the cluster up and does it have a leader?")
             }
             Code::Unauthenticated | Code::PermissionDenied => (
-                ErrorKind::InvalidConfig,
+                ErrorKind::Unauthorized,
                 "check the user, password and the role's permissions on the key prefix",
             ),
+            // A wrong password is `InvalidArgument` ("authentication
+            // failed"), credentials for a cluster without authentication
+            // `FailedPrecondition` ("authentication is not enabled").
+            Code::InvalidArgument | Code::FailedPrecondition
+                if s.message().contains("authentication") =>
+            {
+                (
+                    ErrorKind::Unauthorized,
+                    "check the user and password (and that the cluster has authentication enabled)",
+                )
+            }
             _ => (ErrorKind::Backend, "see the source error"),
         },
         E::TransportError(_) | E::IoError(_) => (cut_off, "is an etcd member listening there?"),
@@ -56,4 +67,28 @@ pub(crate) fn is_lease_not_found(e: &Error) -> bool {
         .is_some_and(
             |e| matches!(e, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound),
         )
+}
+
+/// Whether a failed first request met a server that does not speak etcd's
+/// gRPC over HTTP/2 (an HTTP/2 protocol error, or a connection closed in
+/// the handshake), rather than no server at all.
+pub(crate) fn is_other_protocol(e: &Error) -> bool {
+    let Some(etcd_client::Error::GRpcStatus(s)) =
+        std::error::Error::source(e).and_then(|s| s.downcast_ref::<etcd_client::Error>())
+    else {
+        return false;
+    };
+    let text = format!("{s:?}");
+    matches!(
+        s.code(),
+        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+    ) && [
+        "h2 protocol",
+        "BrokenPipe",
+        "ConnectionReset",
+        "connection closed",
+    ]
+    .iter()
+    .any(|w| text.contains(w))
+        && !text.contains("refused")
 }

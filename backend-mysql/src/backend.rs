@@ -125,7 +125,7 @@ impl MysqlBackend {
         let mut probe =
             tokio::time::timeout(cfg.connect_timeout, MySqlConnection::connect_with(&opts))
                 .await
-                .map_err(|_| timed_out("connecting", &server, cfg.connect_timeout))?
+                .map_err(|_| crate::error::no_greeting(&server, cfg.connect_timeout))?
                 .map_err(|e| map_err(e, "connecting", &server))?;
         if cfg.ensure_schema {
             let [locks, fences, values] = schema_sql(&cfg.table)?;

@@ -217,6 +217,11 @@ impl MysqlConfig {
             }
         }
         o.finish().map_err(&bad)?;
+        if u.user.is_none() {
+            return Err(bad(
+                "no user: write mysql://USER:PASSWORD@host/db (a URL without one would log in as whoever the server takes by default)".into(),
+            ));
+        }
         Ok(cfg)
     }
 }
@@ -257,53 +262,56 @@ mod tests {
         assert!(!c.ensure_schema);
         assert!(c.fencing);
         assert!(
-            !MysqlConfig::parse("mysql://h?fencing=none")
+            !MysqlConfig::parse("mysql://u@h?fencing=none")
                 .unwrap()
                 .fencing
         );
         assert!(
-            MysqlConfig::parse("mysql://h?fencing=strict")
+            MysqlConfig::parse("mysql://u@h?fencing=strict")
                 .unwrap()
                 .fencing
         );
         assert_eq!(c.rwlock, lockcore::Layout::Native);
         assert_eq!(
-            MysqlConfig::parse("mysql://h?rwlock=built").unwrap().rwlock,
+            MysqlConfig::parse("mysql://u@h?rwlock=built")
+                .unwrap()
+                .rwlock,
             lockcore::Layout::Built
         );
         assert_eq!(c.semaphore, lockcore::Layout::Native);
         assert_eq!(
-            MysqlConfig::parse("mysql://h?semaphore=built")
+            MysqlConfig::parse("mysql://u@h?semaphore=built")
                 .unwrap()
                 .semaphore,
             lockcore::Layout::Built
         );
         assert!(!format!("{c:?}").contains("p@ss"));
         assert!(!c.to_string().contains("p@ss"));
-        let c = MysqlConfig::parse("mysql://db.example").unwrap();
+        let c = MysqlConfig::parse("mysql://u@db.example").unwrap();
         assert_eq!((c.port, c.database.as_deref()), (3306, None));
-        let c = MysqlConfig::parse("mysql://[::1]:3307/x").unwrap();
+        let c = MysqlConfig::parse("mysql://u@[::1]:3307/x").unwrap();
         assert_eq!((c.host.as_str(), c.port), ("::1", 3307));
     }
 
     #[test]
     fn names_the_wrong_part() {
         for (url, needle) in [
-            ("mysql://h:notaport", "port \"notaport\""),
-            ("mysql://h/a/b", "one path segment"),
-            ("mysql://h?bogus=1", "unknown option \"bogus\""),
-            ("mysql://h?fencing=weak", "option fencing=\"weak\""),
-            ("mysql://h?rwlock=curator", "option rwlock=\"curator\""),
+            ("mysql://u@h:notaport", "port \"notaport\""),
+            ("mysql://h/db", "no user"),
+            ("mysql://u@h/a/b", "one path segment"),
+            ("mysql://u@h?bogus=1", "unknown option \"bogus\""),
+            ("mysql://u@h?fencing=weak", "option fencing=\"weak\""),
+            ("mysql://u@h?rwlock=curator", "option rwlock=\"curator\""),
             (
-                "mysql://h?semaphore=curator",
+                "mysql://u@h?semaphore=curator",
                 "option semaphore=\"curator\"",
             ),
-            ("mysql://h?table=x;drop", "option table"),
-            ("mysql://h?pool_size=0", "pool_size"),
+            ("mysql://u@h?table=x;drop", "option table"),
+            ("mysql://u@h?pool_size=0", "pool_size"),
             ("mysql://:secret@h:1?connect_timeout_ms=x", "milliseconds"),
             ("postgres://h", "unknown scheme"),
-            ("mysql://a,b", "one host"),
-            ("mysql://h?ssl-mode=required", "TLS"),
+            ("mysql://u@a,b", "one host"),
+            ("mysql://u@h?ssl-mode=required", "TLS"),
             ("h:3306", "missing scheme"),
         ] {
             let e = MysqlConfig::parse(url).unwrap_err();

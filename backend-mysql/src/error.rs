@@ -56,9 +56,8 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
         | sqlx::Error::WorkerCrashed => ErrorKind::Unavailable,
         sqlx::Error::Configuration(_) => ErrorKind::InvalidConfig,
         sqlx::Error::Database(_) => match db_number(&e) {
-            Some(
-                code::ACCESS_DENIED | code::DB_ACCESS_DENIED | code::BAD_DB | code::NO_SUCH_TABLE,
-            ) => ErrorKind::InvalidConfig,
+            Some(code::ACCESS_DENIED | code::DB_ACCESS_DENIED) => ErrorKind::Unauthorized,
+            Some(code::BAD_DB | code::NO_SUCH_TABLE) => ErrorKind::InvalidConfig,
             Some(code::CONNECTION_KILLED | code::SERVER_SHUTDOWN | code::TOO_MANY_CONNECTIONS) => {
                 ErrorKind::Unavailable
             }
@@ -68,8 +67,9 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
     };
     let hint = match kind {
         ErrorKind::Unavailable => "; is the server up and reachable?",
-        ErrorKind::InvalidConfig => {
-            "; check the credentials, the database and the table (ensure_schema creates it)"
+        ErrorKind::InvalidConfig => "; check the database and the table (ensure_schema creates it)",
+        ErrorKind::Unauthorized => {
+            "; check the user, the password and the user's grants on the database"
         }
         _ => "",
     };
@@ -80,5 +80,15 @@ pub(crate) fn timed_out(what: &str, server: &str, after: Duration) -> Error {
     Error::unavailable(
         NAME,
         format!("{what} on {server} did not answer within {after:?}"),
+    )
+}
+
+/// No greeting within `after` while connecting: a MySQL server greets as
+/// soon as the connection opens, so the one there is stopped or speaks
+/// another protocol.
+pub(crate) fn no_greeting(server: &str, after: Duration) -> Error {
+    Error::unavailable(
+        NAME,
+        format!("connecting to {server}: the server did not answer as MySQL within {after:?} (a MySQL server greets at once: is it stopped, or is another service listening on that port?)"),
     )
 }

@@ -111,7 +111,7 @@ impl MysqlBackend {
         let fut = MySqlConnection::connect_with(&sh.opts);
         let mut c = tokio::time::timeout(within, fut)
             .await
-            .map_err(|_| timed_out("connecting", &sh.server, sh.cfg.connect_timeout))?
+            .map_err(|_| crate::error::no_greeting(&sh.server, sh.cfg.connect_timeout))?
             .map_err(|e| map_err(e, "connecting", &sh.server))?;
         let fut = sqlx::raw_sql(SESSION_SETUP).execute(&mut c);
         tokio::time::timeout(sh.cfg.request_timeout, fut)

@@ -65,7 +65,18 @@ impl Node {
 
     /// The node as a `redis://` (or with TLS `rediss://`) URL for the client library.
     pub(crate) fn client_url(&self, tls: bool) -> String {
-        let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        // Percent-encoded as RFC 3986 user info, which the client library
+        // decodes once: a space is `%20` (never `+`), a `+` is `%2B`.
+        let enc = |s: &str| {
+            s.bytes().fold(String::new(), |mut out, b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    out.push(char::from(b));
+                } else {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+                out
+            })
+        };
         let auth = match (&self.user, &self.password) {
             (Some(u), Some(p)) => format!("{}:{}@", enc(u), enc(p.expose())),
             (Some(u), None) => format!("{}@", enc(u)),

@@ -12,7 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisError, RedisResult, Script};
 
 use crate::config::{Node, RedisConfig, NAME};
-use crate::error::map_err;
+use crate::error::{map_connect_err, map_err};
 
 /// Whether `e` says the connection it came from may be dead (a timeout, an
 /// I/O error, a dropped connection), so that it should be replaced.
@@ -60,7 +60,7 @@ impl Managed {
         let config = Managed::config(cfg);
         let fut = ConnectionManager::new_with_config(client.clone(), config.clone());
         let manager = match tokio::time::timeout(cfg.connect_timeout * 3, fut).await {
-            Ok(r) => r.map_err(|e| map_err(e, "connect", &node.to_string(), false))?,
+            Ok(r) => r.map_err(|e| map_connect_err(e, &node.to_string()))?,
             Err(_) => {
                 return Err(Error::unavailable(
                     NAME,
@@ -71,6 +71,27 @@ impl Managed {
                 ))
             }
         };
+        // The handshake sends AUTH only when the URL has a password: a
+        // server that wants one is found out here, not at the first lock.
+        let mut probe = manager.clone();
+        match tokio::time::timeout(
+            cfg.connect_timeout * 3,
+            redis::cmd("PING").query_async::<String>(&mut probe),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(map_connect_err(e, &node.to_string())),
+            Err(_) => {
+                return Err(Error::unavailable(
+                    NAME,
+                    format!(
+                        "connect to {node}: no answer to PING within {:?}",
+                        cfg.connect_timeout * 3
+                    ),
+                ))
+            }
+        }
         Ok(Arc::new(Managed {
             client,
             config,
@@ -331,7 +352,7 @@ pub(crate) async fn connect_cluster(
         Error::invalid_config(NAME, format!("Redis Cluster seeds {shown}: {e}")).with_source(e)
     })?;
     match tokio::time::timeout(cfg.connect_timeout * 3, client.get_async_connection()).await {
-        Ok(r) => r.map_err(|e| map_err(e, "connect to cluster", &shown, false)),
+        Ok(r) => r.map_err(|e| map_connect_err(e, &shown)),
         Err(_) => Err(Error::unavailable(
             NAME,
             format!("connect to cluster {shown}: no answer"),

@@ -8,7 +8,9 @@ use crate::config::NAME;
 /// Maps a client error. `mutating`: the request may have changed server
 /// state, so a cut-off request is `Indeterminate` rather than `Unavailable`.
 pub(crate) fn map_err(e: RedisError, what: &str, server: &str, mutating: bool) -> Error {
-    let kind = if e.is_connection_refusal() {
+    let kind = if refused_credentials(&e) {
+        ErrorKind::Unauthorized
+    } else if e.is_connection_refusal() {
         ErrorKind::Unavailable
     } else if e.is_timeout() || e.is_connection_dropped() || e.is_io_error() {
         if mutating {
@@ -20,4 +22,33 @@ pub(crate) fn map_err(e: RedisError, what: &str, server: &str, mutating: bool) -
         ErrorKind::Backend
     };
     Error::new(kind, NAME, format!("{what} on {server}: {e}")).with_source(e)
+}
+
+/// Whether the server refused the credentials or their absence (`NOAUTH`,
+/// `WRONGPASS`, `NOPERM`, or a refused `AUTH` at the handshake).
+fn refused_credentials(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+}
+
+/// Maps an error of connecting to `server`: one that is neither a refused
+/// connection, nor refused credentials, nor silence came from a server
+/// that does not speak Redis (a reset or a reply that does not parse).
+pub(crate) fn map_connect_err(e: RedisError, server: &str) -> Error {
+    if refused_credentials(&e) || e.is_connection_refusal() || e.is_timeout() {
+        return map_err(e, "connect", server, false);
+    }
+    let shown = e
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    Error::new(
+        ErrorKind::Unavailable,
+        NAME,
+        format!(
+            "connect to {server}: the server did not answer as Redis ({shown}); is another service listening on that port?"
+        ),
+    )
+    .with_source(e)
 }

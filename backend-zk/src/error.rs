@@ -39,12 +39,16 @@ pub(crate) fn map_err(e: zk::Error, what: impl Into<String>, mutating: bool) -> 
             "the ZooKeeper session ended; the next attempt opens a new one",
         ),
         zk::Error::AuthFailed => (
-            ErrorKind::InvalidConfig,
+            ErrorKind::Unauthorized,
             "the server refused the digest credentials",
         ),
-        zk::Error::NoAuth | zk::Error::InvalidAcl => (
-            ErrorKind::InvalidConfig,
+        zk::Error::NoAuth => (
+            ErrorKind::Unauthorized,
             "not authorized: check the credentials and the ACLs on the lock path",
+        ),
+        zk::Error::InvalidAcl => (
+            ErrorKind::InvalidConfig,
+            "the server refused the ACL of the lock nodes",
         ),
         _ => (ErrorKind::Backend, "unexpected ZooKeeper error"),
     };

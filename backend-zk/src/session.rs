@@ -90,17 +90,24 @@ impl Session {
         {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
+                if crate::error::is_connection_error(&e) {
+                    return Err(Error::unavailable(
+                        NAME,
+                        format!("opening a ZooKeeper session with {hosts}: no server there answered as ZooKeeper ({e}): down, without a quorum, or another service on that port?"),
+                    )
+                    .with_source(e));
+                }
                 return Err(map_err(
                     e,
                     format!("opening a ZooKeeper session with {hosts}"),
                     false,
-                ))
+                ));
             }
             Err(_) => {
                 return Err(Error::unavailable(
                     NAME,
                     format!(
-                        "opening a ZooKeeper session with {hosts}: no session within {:?} (connect_timeout_ms)",
+                        "opening a ZooKeeper session with {hosts}: no session within {:?} (connect_timeout_ms; no server there answered as ZooKeeper: down, without a quorum, or another service on that port?)",
                         cfg.connect_timeout
                     ),
                 ))

@@ -1,3 +1,6 @@
 -- Run once by the mysql image on first start (after MYSQL_USER is created).
 -- Lets the lockcore user see and KILL other sessions (fault-injection tests).
 GRANT PROCESS, CONNECTION_ADMIN ON *.* TO 'lockcore'@'%';
+-- A password with +, space, @ and %, for the URL-decoding tests.
+CREATE USER IF NOT EXISTS 'lockcore_plus'@'%' IDENTIFIED BY 'p+q r@s%t';
+GRANT ALL PRIVILEGES ON lockcore.* TO 'lockcore_plus'@'%';

@@ -17,7 +17,7 @@
 //! |---|---|---|
 //! | `memory://[name]` | in-process ([`lockcore::memory`]) | always on |
 //! | `zk://h1:2181,h2:2181[/chroot]`, `zookeeper://...` | ZooKeeper (`lockcore-zk`) | `zk` |
-//! | `etcd://h1:2379,h2:2379`, `etcds://...` | etcd (`lockcore-etcd`) | `etcd` |
+//! | `etcd://h1:2379,h2:2379`, `etcds://...`, `http://h1:2379,http://h2:2379`, `https://...` | etcd (`lockcore-etcd`) | `etcd` |
 //! | `mysql://user:pass@host/db`, `mariadb://...` | MySQL 8 / MariaDB (`lockcore-mysql`) | `mysql` |
 //! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
 //! | `migrate:OLD\|NEW[#fence_offset=N]` | both at once, while a fleet moves from OLD to NEW ([`lockcore::migrate`]) | those of OLD and NEW |
@@ -156,7 +156,7 @@ fn backends() -> [Entry; 4] {
             ]
         ),
         entry!("zk", lockcore_zk, ["zk", "zookeeper"]),
-        entry!("etcd", lockcore_etcd, ["etcd", "etcds"]),
+        entry!("etcd", lockcore_etcd, ["etcd", "etcds", "http", "https"]),
         entry!("mysql", lockcore_mysql, ["mysql", "mariadb"]),
     ]
 }

@@ -363,6 +363,125 @@ async fn shared_readers_run_together(ctx: Ctx) {
     w.release().await.unwrap();
 }
 
+/// `run -x` takes the writer of the read-write lock `run -s` reads:
+/// writers never overlap readers or each other (a history of marks), a
+/// writer does not run beside readers, and a waiting writer is not starved
+/// by readers arriving after it.
+async fn exclusive_writers_exclude_everyone(ctx: Ctx) {
+    let name = ctx.name("rw");
+    // A history: two writers and two readers, two rounds each.
+    let marks = scratch(&ctx, "rwmarks");
+    let mut procs = Vec::new();
+    for flag in ["-x", "-x", "-s", "-s"] {
+        let script = format!(
+            "echo start {flag} $$ $(date +%s%N) >> {m}; sleep 0.2; echo end {flag} $$ $(date +%s%N) >> {m}",
+            m = marks.display()
+        );
+        let (ctx, name) = (ctx.clone(), name.clone());
+        procs.push(tokio::spawn(async move {
+            for _ in 0..2 {
+                let st = distlock(&ctx)
+                    .args(["run", flag, "--ttl", "5s", &name, "--", "sh", "-c", &script])
+                    .status()
+                    .await
+                    .unwrap();
+                assert!(st.success(), "distlock run {flag} failed: {st}");
+            }
+        }));
+    }
+    for p in procs {
+        p.await.unwrap();
+    }
+    let text = std::fs::read_to_string(&marks).unwrap();
+    // (flag, start, end) per command, by its shell's pid.
+    let mut spans: std::collections::HashMap<&str, (&str, u128, u128)> = Default::default();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        let ts: u128 = f[3].parse().unwrap();
+        let e = spans.entry(f[2]).or_insert((f[1], 0, 0));
+        if f[0] == "start" {
+            e.1 = ts;
+        } else {
+            e.2 = ts;
+        }
+    }
+    assert_eq!(spans.len(), 8, "{text}");
+    let spans: Vec<_> = spans.into_values().collect();
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            let apart = a.2 <= b.1 || b.2 <= a.1;
+            assert!(
+                apart || (a.0 == "-s" && b.0 == "-s"),
+                "a writer overlapped another holder ({a:?}, {b:?}):\n{text}"
+            );
+        }
+    }
+
+    // Readers run together; a writer does not run beside them.
+    let (gate, ran) = (scratch(&ctx, "xgate"), scratch(&ctx, "xran"));
+    let readers = run_together(&ctx, &["-s"], &name, &gate).await;
+    let touch = format!("touch {}", ran.display());
+    let st = run_no_wait(&ctx, &["-x"], &name, &touch).await;
+    assert_eq!(st.code(), Some(75), "a writer beside readers");
+    assert!(!ran.exists(), "the writer ran beside readers");
+
+    // A writer waits for them; once it waits, readers that come later
+    // wait behind it.
+    let (wgate, order) = (scratch(&ctx, "wgate"), scratch(&ctx, "order"));
+    let wscript = format!(
+        "echo writer $(date +%s%N) >> {o}; while [ ! -e {g} ]; do sleep 0.05; done",
+        o = order.display(),
+        g = wgate.display()
+    );
+    let mut writer = distlock(&ctx)
+        .args([
+            "run", "-x", "--wait", "60s", &name, "--", "sh", "-c", &wscript,
+        ])
+        .spawn()
+        .unwrap();
+    // The writer is queued once a new reader's try is refused.
+    let t = Instant::now();
+    loop {
+        let st = run_no_wait(&ctx, &["-s"], &name, "true").await;
+        if st.code() == Some(75) {
+            break;
+        }
+        assert!(st.success(), "{st}");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "readers kept passing a waiting writer"
+        );
+    }
+    let rscript = format!("echo reader $(date +%s%N) >> {}", order.display());
+    let late = distlock(&ctx)
+        .args([
+            "run", "-s", "--wait", "60s", &name, "--", "sh", "-c", &rscript,
+        ])
+        .spawn()
+        .unwrap();
+    std::fs::write(&gate, b"").unwrap();
+    for mut c in readers {
+        assert!(c.wait().await.unwrap().success());
+    }
+    until_exists(&order).await;
+    // The writer runs: the server refuses a reader and a writer.
+    let l = ctx.locker().await;
+    let rw = distlock::RwLock::new(&l, &name).unwrap();
+    assert!(
+        rw.try_read().await.unwrap().is_none(),
+        "a reader beside the writer"
+    );
+    assert!(rw.try_write().await.unwrap().is_none(), "two writers");
+    std::fs::write(&wgate, b"").unwrap();
+    assert!(writer.wait().await.unwrap().success());
+    assert!(late.wait_with_output().await.unwrap().status.success());
+    let text = std::fs::read_to_string(&order).unwrap();
+    assert!(
+        text.starts_with("writer"),
+        "a reader that came after a waiting writer went first:\n{text}"
+    );
+}
+
 /// `elect` runs the command while it leads, with its term as
 /// DISTLOCK_FENCE; `leader` prints the leader the server names, and
 /// `leader --watch` follows the changes. On a backend with no leader
@@ -532,7 +651,12 @@ async fn lost_lease_stops_the_command(ctx: Ctx) {
     let server = spec(&ctx).server;
     let name = ctx.name("lost");
     let ready = scratch(&ctx, "ready");
-    let script = format!("touch {}; exec sleep 60", ready.display());
+    let daemon = scratch(&ctx, "daemon");
+    let script = format!(
+        "{}; touch {}; exec sleep 60",
+        double_fork(&daemon),
+        ready.display()
+    );
     let mut child = distlock(&ctx)
         .args([
             "run", "--ttl", "2s", "--grace", "1s", &name, "--", "sh", "-c", &script,
@@ -540,12 +664,30 @@ async fn lost_lease_stops_the_command(ctx: Ctx) {
         .spawn()
         .unwrap();
     until_exists(&ready).await;
+    let daemon = pid_in(&daemon).await;
+    assert!(running(daemon));
     let resume = UndoOnDrop::new("resume", &[server]);
     compose("pause", server).await;
     let st = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
     drop(resume);
     let st = st.expect("distlock did not stop the command").unwrap();
     assert_eq!(st.code(), Some(76), "{st}");
+    until_dead(
+        daemon,
+        Duration::from_secs(2),
+        "a daemon the command started",
+    )
+    .await;
+}
+
+/// A shell line that starts a daemon as `nohup cmd &` and daemonizing
+/// servers do (a new session, then a second fork whose parent exits), and
+/// writes its pid to `pidfile`.
+fn double_fork(pidfile: &std::path::Path) -> String {
+    format!(
+        "setsid sh -c 'sleep 120 & echo $! > {p}.tmp; mv {p}.tmp {p}' < /dev/null > /dev/null 2>&1",
+        p = pidfile.display()
+    )
 }
 
 /// `distlock` killed with SIGKILL while its command runs: the command dies
@@ -554,15 +696,22 @@ async fn lost_lease_stops_the_command(ctx: Ctx) {
 async fn command_dies_with_distlock(ctx: Ctx) {
     let name = ctx.name("orphan");
     let pidfile = scratch(&ctx, "pid");
-    let script = format!("echo $$ > {}; sleep 30", pidfile.display());
+    let daemon = scratch(&ctx, "orphan-daemon");
+    let script = format!(
+        "{}; echo $$ > {}; sleep 30",
+        double_fork(&daemon),
+        pidfile.display()
+    );
     let mut child = distlock(&ctx)
         .args(["run", "--ttl", "2s", &name, "--", "sh", "-c", &script])
         .spawn()
         .unwrap();
     let pid = pid_in(&pidfile).await;
+    let daemon = pid_in(&daemon).await;
     signal(child.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
     let _ = child.wait().await;
     until_dead(pid, Duration::from_secs(2), "distlock was killed").await;
+    until_dead(daemon, Duration::from_secs(2), "a daemon, distlock killed").await;
     // The server frees the name by the ttl; the next holder runs alone.
     let g = ctx
         .locker()
@@ -914,6 +1063,275 @@ async fn schemes_are_case_insensitive(ctx: Ctx) {
     assert_eq!(code, Some(0), "{upper}: {out}{err}");
 }
 
+/// A name that starts with `-` is given with `--name` (every command) or
+/// after `--` (`inspect`, `leader`).
+async fn names_starting_with_a_dash(ctx: Ctx) {
+    let name = format!("-{}", ctx.name("dash"));
+    let out = distlock(&ctx)
+        .args([
+            "run",
+            "--name",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$DISTLOCK_NAME\"",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), name);
+    let holder = ctx.locker().await;
+    let g = holder.lock(&name).await.unwrap();
+    for args in [
+        &["inspect", "--", &name][..],
+        &["inspect", &format!("--name={name}")],
+    ] {
+        let out = distlock(&ctx).args(args).output().await.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}");
+        assert!(
+            text.contains(&format!("{name:?}")) && !text.contains("free"),
+            "{text}"
+        );
+    }
+    g.release().await.unwrap();
+}
+
+/// `host:port` of a `scheme://[user@]host:port[/...]` URL.
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?', ','])
+        .next()
+        .unwrap_or(rest)
+        .to_owned()
+}
+
+/// Sends Redis commands on one connection (RESP, by hand) and returns the
+/// first line of each reply.
+fn redis_cmds(addr: &str, cmds: &[&[&str]]) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut w = stream.try_clone().unwrap();
+    let mut r = BufReader::new(stream);
+    cmds.iter()
+        .map(|args| {
+            let mut req = format!("*{}\r\n", args.len());
+            for a in *args {
+                req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+            }
+            w.write_all(req.as_bytes()).unwrap();
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            if let Some(n) = line
+                .strip_prefix('$')
+                .and_then(|n| n.trim().parse::<usize>().ok())
+            {
+                let mut body = vec![0; n + 2];
+                std::io::Read::read_exact(&mut r, &mut body).unwrap();
+                return String::from_utf8_lossy(&body[..n]).into_owned();
+            }
+            line.trim_end().to_owned()
+        })
+        .collect()
+}
+
+/// Puts the test Redis's default user back to no password, also when a
+/// case fails while it has one.
+struct DefaultUserOpen {
+    addr: String,
+    password: &'static str,
+}
+
+impl Drop for DefaultUserOpen {
+    fn drop(&mut self) {
+        let r = redis_cmds(
+            &self.addr,
+            &[
+                &["AUTH", "default", self.password],
+                &["ACL", "SETUSER", "default", "nopass"],
+            ],
+        );
+        assert_eq!(r[1], "+OK", "the default user keeps a password: {r:?}");
+    }
+}
+
+/// `distlock --url URL ARGS...` with nothing from the environment.
+async fn with_url(url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut all = vec!["--url", url];
+    all.extend_from_slice(args);
+    local(&all).await
+}
+
+/// Credentials are checked when connecting: refused ones (a wrong
+/// password, none where the server wants one, one the server does not
+/// take) exit 77 on every backend, before anything is taken or run; a
+/// MySQL URL without a user is refused (64).
+async fn credentials_are_checked_at_connect(ctx: Ctx) {
+    let target = spec(&ctx).target;
+    let url = (spec(&ctx).url)(&ctx.config);
+    let hp = host_port(&url);
+    let name = ctx.name("auth");
+    let ran = scratch(&ctx, "authran");
+    let touch = format!("touch {}", ran.display());
+    let refused: Vec<String> = match target {
+        "cli-redis" => vec![format!("redis://:wrong@{hp}")],
+        "cli-etcd" => vec![format!("etcd://nobody:wrong@{hp}")],
+        "cli-mysql" => vec![url.replacen("lockcore:lockcore@", "lockcore:wrong@", 1)],
+        // ZooKeeper's digest scheme takes any credentials: refusal is an
+        // ACL's (NoAuth), mapped to 77 like the others.
+        _ => vec![],
+    };
+    for bad in &refused {
+        for args in [
+            &["inspect", &name][..],
+            &["run", &name, "--", "sh", "-c", &touch],
+        ] {
+            let (code, _, err) = with_url(bad, args).await;
+            assert_eq!(code, Some(77), "{bad} {args:?}: {err}");
+            assert!(err.contains("authentication refused"), "{err}");
+            assert!(!err.contains("wrong"), "the password in {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{err}");
+        }
+    }
+    assert!(!ran.exists(), "a command ran without authentication");
+    if target == "cli-redis" {
+        // A server that wants a password, given none: refused at connect,
+        // not at the first lock.
+        let _open = DefaultUserOpen {
+            addr: hp.clone(),
+            password: "cli-secret",
+        };
+        let r = redis_cmds(
+            &hp,
+            &[&["ACL", "SETUSER", "default", "resetpass", ">cli-secret"]],
+        );
+        assert_eq!(r[0], "+OK", "{r:?}");
+        let (code, _, err) = with_url(&url, &["run", &name, "--", "sh", "-c", &touch]).await;
+        assert_eq!(code, Some(77), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(!ran.exists(), "ran without authentication");
+        let (code, _, err) =
+            with_url(&format!("redis://:cli-secret@{hp}"), &["inspect", &name]).await;
+        assert_eq!(code, Some(0), "{err}");
+    }
+    if target == "cli-mysql" {
+        let no_user = format!("mysql://{hp}/lockcore");
+        let (code, _, err) = with_url(&no_user, &["inspect", &name]).await;
+        assert_eq!(code, Some(64), "{err}");
+        assert!(err.contains("no user"), "{err}");
+    }
+}
+
+/// User info is percent-decoded exactly once: a literal `+` stays `+`,
+/// `%2B` is `+`, `%20` a space, `%40` an `@`, `%25` a `%`.
+async fn user_info_is_decoded_once(ctx: Ctx) {
+    let target = spec(&ctx).target;
+    let hp = host_port(&(spec(&ctx).url)(&ctx.config));
+    // The password `p+q r@s%t`, written two ways.
+    let written = ["p+q%20r%40s%25t", "p%2Bq%20r%40s%25t"];
+    let urls: Vec<String> = match target {
+        "cli-redis" => {
+            let r = redis_cmds(
+                &hp,
+                &[&[
+                    "ACL",
+                    "SETUSER",
+                    "lockcore+cli",
+                    "reset",
+                    "on",
+                    ">p+q r@s%t",
+                    "~*",
+                    "&*",
+                    "+@all",
+                ]],
+            );
+            assert_eq!(r[0], "+OK", "{r:?}");
+            written
+                .iter()
+                .map(|p| format!("redis://lockcore+cli:{p}@{hp}"))
+                .collect()
+        }
+        // compose/ creates this user (compose/local's bootstrap.sql and the
+        // docker init scripts).
+        "cli-mysql" => written
+            .iter()
+            .map(|p| format!("mysql://lockcore_plus:{p}@{hp}/lockcore"))
+            .collect(),
+        _ => return,
+    };
+    for url in &urls {
+        let (code, out, err) = with_url(url, &["inspect", &ctx.name("decode")]).await;
+        assert_eq!(code, Some(0), "{url}: {out}{err}");
+    }
+    // Decoded twice, `%2540` would be `@`: it is `%40`, a wrong password.
+    let twice = urls[0].replace("%40", "%2540");
+    let (code, _, err) = with_url(&twice, &["inspect", "x"]).await;
+    assert_eq!(code, Some(77), "{twice}: {err}");
+}
+
+/// etcd endpoints as the etcd client writes them (`http://host:2379`) are
+/// taken; `etcd://http://...` is refused with the accepted forms.
+async fn endpoints_as_etcd_writes_them(ctx: Ctx) {
+    if spec(&ctx).target != "cli-etcd" {
+        return;
+    }
+    let hp = host_port(&(spec(&ctx).url)(&ctx.config));
+    for url in [format!("http://{hp}"), format!("HTTP://{hp}/")] {
+        let (code, out, err) = with_url(&url, &["inspect", &ctx.name("endpoints")]).await;
+        assert_eq!(code, Some(0), "{url}: {out}{err}");
+        assert!(out.contains("(etcd)"), "{out}");
+    }
+    let (code, _, err) = with_url(&format!("etcd://http://{hp}"), &["inspect", "x"]).await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("http://host:2379"), "{err}");
+}
+
+/// This backend's URL pointed at another backend's server: one line saying
+/// the server did not answer as this protocol, exit 69, within the connect
+/// timeout.
+async fn another_protocol_says_so(ctx: Ctx) {
+    let me = spec(&ctx);
+    let scheme = (me.url)(&ctx.config)
+        .split_once("://")
+        .map(|(s, _)| s.to_owned())
+        .unwrap();
+    let others: Vec<String> = SPECS
+        .iter()
+        .filter(|s| s.target != me.target)
+        .filter_map(|s| std::env::var(s.env).ok().map(|v| host_port(&(s.url)(&v))))
+        .collect();
+    assert!(!others.is_empty(), "no other server to point at");
+    for hp in others {
+        let url = match scheme.as_str() {
+            "mysql" | "mariadb" => format!("{scheme}://u:p@{hp}/db"),
+            s => format!("{s}://{hp}"),
+        };
+        let t = Instant::now();
+        let (code, _, err) = with_url(&url, &["inspect", "x"]).await;
+        assert_eq!(code, Some(69), "{url}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{url}: not one line: {err}");
+        assert!(
+            err.contains("did not answer as") || err.contains("answered as"),
+            "{url}: {err}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "{url}: {:?}",
+            t.elapsed()
+        );
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let targets = SPECS
         .iter()
@@ -935,6 +1353,9 @@ fn main() -> std::process::ExitCode {
             })
             .case("shared_readers_run_together", |c| {
                 Box::pin(shared_readers_run_together(c))
+            })
+            .case("exclusive_writers_exclude_everyone", |c| {
+                Box::pin(exclusive_writers_exclude_everyone(c))
             })
             .case("elect_and_leader", |c| Box::pin(elect_and_leader(c)))
             .case("signals_pass_through", |c| {
@@ -969,6 +1390,21 @@ fn main() -> std::process::ExitCode {
             })
             .case("schemes_are_case_insensitive", |c| {
                 Box::pin(schemes_are_case_insensitive(c))
+            })
+            .case("credentials_are_checked_at_connect", |c| {
+                Box::pin(credentials_are_checked_at_connect(c))
+            })
+            .case("user_info_is_decoded_once", |c| {
+                Box::pin(user_info_is_decoded_once(c))
+            })
+            .case("endpoints_as_etcd_writes_them", |c| {
+                Box::pin(endpoints_as_etcd_writes_them(c))
+            })
+            .case("names_starting_with_a_dash", |c| {
+                Box::pin(names_starting_with_a_dash(c))
+            })
+            .case("another_protocol_says_so", |c| {
+                Box::pin(another_protocol_says_so(c))
             })
         })
         .collect::<Vec<_>>();

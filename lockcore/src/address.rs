@@ -125,9 +125,13 @@ impl ServerUrl {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
         };
-        let decode = |part: &str, what: &str| {
-            percent_decode(part).ok_or_else(|| format!("{what} is not percent-encoded correctly"))
+        // User info and path: `%XX` only, a `+` is a `+` (RFC 3986). Option
+        // values are form-encoded, where a `+` is also a space.
+        let decode_with = |part: &str, what: &str, plus_is_space: bool| {
+            percent_decode(part, plus_is_space)
+                .ok_or_else(|| format!("{what} is not percent-encoded correctly"))
         };
+        let decode = |part: &str, what: &str| decode_with(part, what, false);
         let (user, password) = match userinfo {
             None => (None, None),
             Some(u) => {
@@ -150,7 +154,10 @@ impl ServerUrl {
         let mut options = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            options.push((decode(k, "an option name")?, decode(v, "an option value")?));
+            options.push((
+                decode_with(k, "an option name", true)?,
+                decode_with(v, "an option value", true)?,
+            ));
         }
         Ok(ServerUrl {
             scheme: scheme.to_owned(),
@@ -313,7 +320,7 @@ fn parse_host(h: &str, default_port: u16) -> Result<HostPort, String> {
 }
 
 /// Decodes `%XX` escapes (and `+` as a space, as in query strings).
-fn percent_decode(s: &str) -> Option<String> {
+fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -323,7 +330,7 @@ fn percent_decode(s: &str) -> Option<String> {
                 out.push(u8::from_str_radix(s.get(i + 1..i + 3)?, 16).ok()?);
                 i += 3;
             }
-            b'+' => {
+            b'+' if plus_is_space => {
                 out.push(b' ');
                 i += 1;
             }
@@ -407,6 +414,15 @@ mod tests {
         assert_eq!(u.path, "3");
         assert_eq!(u.option("prefix"), Some("x:"));
         assert!(!format!("{u:?}").contains("p:w"));
+    }
+
+    #[test]
+    fn user_info_is_decoded_once_and_plus_stays() {
+        let u = ServerUrl::parse("redis://a+b:p+q%2Br%20s%40t%25u@h/x+y?o=1+2", 1).unwrap();
+        assert_eq!(u.user.as_deref(), Some("a+b"));
+        assert_eq!(u.password.as_ref().map(Secret::expose), Some("p+q+r s@t%u"));
+        assert_eq!(u.path, "x+y");
+        assert_eq!(u.option("o"), Some("1 2"), "options are form-encoded");
     }
 
     #[test]

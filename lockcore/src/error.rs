@@ -25,6 +25,9 @@ pub enum ErrorKind {
     InvalidName,
     /// An option or a connection setting is out of range or malformed.
     InvalidConfig,
+    /// The server refused the credentials, or their absence (a wrong
+    /// password, a user without the rights on the lock's keys or table).
+    Unauthorized,
     /// The server is down or unreachable.
     Unavailable,
     /// The request may or may not have applied on the server (a timed-out
@@ -42,6 +45,7 @@ impl ErrorKind {
             ErrorKind::Lost => "lease lost",
             ErrorKind::InvalidName => "invalid lock name",
             ErrorKind::InvalidConfig => "invalid configuration",
+            ErrorKind::Unauthorized => "authentication refused",
             ErrorKind::Unavailable => "server unavailable",
             ErrorKind::Indeterminate => "outcome unknown (the request may have applied)",
             ErrorKind::Backend => "backend error",

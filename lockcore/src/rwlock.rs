@@ -375,6 +375,26 @@ impl WriteGuard {
         self.gate.is_held() && self.slots.iter().all(LockGuard::is_held)
     }
 
+    /// The validity deadline of the write lock on this process's monotonic
+    /// clock (the earliest of its parts'), while every part is held.
+    pub fn valid_until(&self) -> Option<std::time::Instant> {
+        std::iter::once(&self.gate)
+            .chain(&self.slots)
+            .map(LockGuard::valid_until)
+            .try_fold(None, |soonest: Option<Instant>, v| {
+                v.map(|v| Some(soonest.map_or(v, |s| s.min(v))))
+            })
+            .flatten()
+    }
+
+    /// Why the write lock was lost (the first lost part's reason), once it
+    /// was.
+    pub fn lost_reason(&self) -> Option<&'static str> {
+        std::iter::once(&self.gate)
+            .chain(&self.slots)
+            .find_map(LockGuard::lost_reason)
+    }
+
     /// Resolves when the lease of any part is lost: the write lock can no
     /// longer be trusted then.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {

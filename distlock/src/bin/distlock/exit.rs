@@ -8,6 +8,8 @@ pub(crate) const USAGE: u8 = 64;
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// Any other failure of distlock itself (EX_SOFTWARE).
 pub(crate) const SOFTWARE: u8 = 70;
+/// The server refused the credentials, or their absence (EX_NOPERM).
+pub(crate) const UNAUTHORIZED: u8 = 77;
 /// `run`: the lock could not be had within the wait; nothing was run (EX_TEMPFAIL).
 pub(crate) const NOT_ACQUIRED: u8 = 75;
 /// `run`: the lease was lost while the command ran; the command was stopped.
@@ -35,6 +37,7 @@ pub(crate) fn for_error(e: &Error) -> u8 {
     match e.kind() {
         ErrorKind::InvalidName | ErrorKind::InvalidConfig => USAGE,
         ErrorKind::Unavailable => UNAVAILABLE,
+        ErrorKind::Unauthorized => UNAUTHORIZED,
         ErrorKind::Timeout => NOT_ACQUIRED,
         ErrorKind::Lost => LOST,
         _ => SOFTWARE,

@@ -14,8 +14,8 @@ pub(crate) struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// The lock name.
-    name: String,
+    #[command(flatten)]
+    name: crate::NameArg,
 }
 
 /// Prints the holder and waiters of a lock, and for a `migrate:` URL who
@@ -24,17 +24,17 @@ pub(crate) struct Args {
 pub(crate) async fn inspect(locker: Locker, pair: Option<Migrating>, args: Args) -> u8 {
     // `Err` when a backend cannot say who holds the name: no verdict.
     let sides = match &pair {
-        Some(p) => Some(match p.sides(&args.name).await {
+        Some(p) => Some(match p.sides(args.name.get()).await {
             Ok(s) => Ok(s),
             Err(e) if e.kind() == ErrorKind::InvalidConfig => Err(e.to_string()),
             Err(e) => {
-                eprintln!("distlock: {e}");
+                crate::out::fail(&e);
                 return exit::for_error(&e);
             }
         }),
         None => None,
     };
-    let info = match locker.inspect(&args.name).await {
+    let info = match locker.inspect(args.name.get()).await {
         Ok(Some(info)) => info,
         Ok(None) => {
             eprintln!(
@@ -44,7 +44,7 @@ pub(crate) async fn inspect(locker: Locker, pair: Option<Migrating>, args: Args)
             return exit::USAGE;
         }
         Err(e) => {
-            eprintln!("distlock: {e}");
+            crate::out::fail(&e);
             return exit::for_error(&e);
         }
     };
@@ -58,7 +58,7 @@ pub(crate) async fn inspect(locker: Locker, pair: Option<Migrating>, args: Args)
             })
         });
         let mut out = json!({
-            "name": args.name,
+            "name": args.name.get(),
             "backend": locker.backend_name(),
             "held": info.holder.is_some(),
             "holder": holder,
@@ -87,7 +87,12 @@ pub(crate) async fn inspect(locker: Locker, pair: Option<Migrating>, args: Args)
         return crate::out::print(&out.to_string());
     }
     let mut o = String::new();
-    let _ = writeln!(o, "lock:    {:?} ({})", args.name, locker.backend_name());
+    let _ = writeln!(
+        o,
+        "lock:    {:?} ({})",
+        args.name.get(),
+        locker.backend_name()
+    );
     match &info.holder {
         None => {
             let _ = writeln!(o, "holder:  none (free)");

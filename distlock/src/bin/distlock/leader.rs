@@ -18,8 +18,8 @@ pub(crate) struct Args {
     /// With --watch: how often to ask the server.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     every: Duration,
-    /// The election's name.
-    name: String,
+    #[command(flatten)]
+    name: crate::NameArg,
 }
 
 /// One line per observation: `term=<N|-> <value>` (`term=<N|->` for an
@@ -62,10 +62,10 @@ fn reader_gone() -> bool {
 /// Prints the leader (and, with `--watch`, each change); returns the exit
 /// code.
 pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
-    let election = match Election::new(&locker, &args.name) {
+    let election = match Election::new(&locker, args.name.get()) {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("distlock: {e}");
+            crate::out::fail(&e);
             return exit::for_error(&e);
         }
     };
@@ -76,7 +76,7 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
                 Said::Failed(code) => code,
             },
             Err(e) => {
-                eprintln!("distlock: {e}");
+                crate::out::fail(&e);
                 exit::for_error(&e)
             }
         };
@@ -126,7 +126,7 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
                 Said::Failed(code) => return code,
             },
             Err(e) => {
-                eprintln!("distlock: {e}");
+                crate::out::fail(&e);
                 return exit::for_error(&e);
             }
         }

@@ -6,6 +6,12 @@
 //! backend was not compiled in fails with a message naming the cargo feature.
 //! Exit codes are listed in `distlock --help` and in [`exit`].
 
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "the distlock command line needs Linux: its supervisor relies on PR_SET_CHILD_SUBREAPER and /proc \
+     to stop everything a command started; the library (lockcore, distlock without the `cli` feature) is portable"
+);
+
 mod bench;
 mod exit;
 mod inspect;
@@ -74,11 +80,45 @@ enum Command {
     Supervise(supervise::Args),
 }
 
+/// The name a command works on: as the argument, or after `--name` (also
+/// one that starts with `-`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct NameArg {
+    /// The name (one that starts with `-`: give it with --name).
+    #[arg(value_name = "NAME", required_unless_present = "name")]
+    positional: Option<String>,
+    /// The name, also one that starts with `-` (`--name -x` or `--name=-x`).
+    #[arg(
+        long = "name",
+        value_name = "NAME",
+        conflicts_with = "positional",
+        allow_hyphen_values = true
+    )]
+    name: Option<String>,
+}
+
+impl NameArg {
+    /// The name given.
+    pub(crate) fn get(&self) -> &str {
+        self.name
+            .as_deref()
+            .or(self.positional.as_deref())
+            .unwrap_or_default()
+    }
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
         1 => "info",
         _ => "debug",
+    };
+    // The ZooKeeper client warns of every host it could not reach; the
+    // error that follows says it once.
+    let default = if verbose < 2 {
+        format!("{default},zookeeper_client=error")
+    } else {
+        default.to_owned()
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
@@ -152,7 +192,7 @@ fn main() -> ExitCode {
         let (locker, pair) = match connected {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("distlock: {e}");
+                crate::out::fail(&e);
                 return exit::for_error(&e);
             }
         };

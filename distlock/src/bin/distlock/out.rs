@@ -36,3 +36,13 @@ pub(crate) fn print(text: &str) -> u8 {
         Said::Failed(code) => code,
     }
 }
+
+/// Reports an error on stderr as one line (`distlock: ...`), whatever line
+/// breaks a server's reply put into it.
+pub(crate) fn fail(e: &dyn std::fmt::Display) {
+    let text = e.to_string();
+    eprintln!(
+        "distlock: {}",
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use distlock::{
     Election, ErrorKind, Leadership, LockGuard, LockOptions, Locker, Permit, ReadGuard, RwLock,
-    Semaphore, Wait,
+    Semaphore, Wait, WriteGuard,
 };
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{getpgrp, tcgetpgrp, Pid};
@@ -62,8 +62,8 @@ pub(crate) struct Common {
     /// Exit code when the lease was lost while the command ran.
     #[arg(long, default_value_t = exit::LOST)]
     lost_exit_code: u8,
-    /// The lock name.
-    name: String,
+    #[command(flatten)]
+    name: crate::NameArg,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -72,18 +72,23 @@ pub(crate) struct Common {
 /// Arguments of `distlock run`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// Take one of N permits of a semaphore on NAME instead of the lock: at
+    /// Take one of N permits of the semaphore NAME instead of the lock: at
     /// most N copies run at once (like `consul lock -n N`). No
     /// DISTLOCK_FENCE is exported (N hold at once: a permit's token fences
     /// nothing).
-    #[arg(long, value_name = "N", conflicts_with = "shared")]
+    #[arg(long, value_name = "N", conflicts_with_all = ["shared", "exclusive"])]
     permits: Option<u32>,
-    /// Take a read lock of the read-write lock NAME instead of the lock:
-    /// readers run together, and wait while a writer (`lockcore::RwLock`'s
-    /// `write`) holds or waits. A plain `run NAME` is another lock and does
-    /// not exclude readers; no DISTLOCK_FENCE is exported.
-    #[arg(long)]
+    /// Take a reader of the read-write lock NAME (as `flock -s`): readers
+    /// run together, and wait while a writer (`--exclusive`) holds or
+    /// waits. No DISTLOCK_FENCE is exported.
+    #[arg(short = 's', long, conflicts_with = "exclusive")]
     shared: bool,
+    /// Take the writer of the read-write lock NAME (as `flock -x`): it
+    /// waits for the readers inside, excludes readers and other writers,
+    /// and new readers wait behind it. The plain `run NAME` is another lock
+    /// (the lock NAME) and does not exclude readers of the read-write lock.
+    #[arg(short = 'x', long)]
+    exclusive: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -106,8 +111,10 @@ enum Take {
     Lock,
     /// One of N permits of the semaphore NAME.
     Permits(u32),
-    /// A read lock of the read-write lock NAME.
+    /// A reader of the read-write lock NAME.
     Shared,
+    /// The writer of the read-write lock NAME.
+    Exclusive,
     /// The leadership of the election NAME, campaigning with this value.
     Elect(String),
 }
@@ -117,7 +124,60 @@ impl Take {
     /// and a leader's term are; a permit's or a reader's is held beside
     /// others.
     fn exports_fence(&self) -> bool {
-        matches!(self, Take::Lock | Take::Elect(_))
+        matches!(self, Take::Lock | Take::Exclusive | Take::Elect(_))
+    }
+}
+
+/// What the command runs under: one lease, or a writer's (several leases
+/// in the built layout, trusted only while every one is).
+enum Lease {
+    /// A lock, a permit, a reader or a leadership.
+    One(LockGuard),
+    /// The writer of a read-write lock.
+    Write(WriteGuard),
+}
+
+impl Lease {
+    fn fence(&self) -> Option<u64> {
+        match self {
+            Lease::One(g) => g.fence(),
+            Lease::Write(w) => w.fence(),
+        }
+    }
+
+    fn is_held(&self) -> bool {
+        match self {
+            Lease::One(g) => g.is_held(),
+            Lease::Write(w) => w.is_held(),
+        }
+    }
+
+    fn valid_until(&self) -> Option<std::time::Instant> {
+        match self {
+            Lease::One(g) => g.valid_until(),
+            Lease::Write(w) => w.valid_until(),
+        }
+    }
+
+    fn lost_reason(&self) -> Option<&'static str> {
+        match self {
+            Lease::One(g) => g.lost_reason(),
+            Lease::Write(w) => w.lost_reason(),
+        }
+    }
+
+    fn lost(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        match self {
+            Lease::One(g) => Box::pin(g.lost()),
+            Lease::Write(w) => Box::pin(w.lost()),
+        }
+    }
+
+    async fn release(self) -> distlock::Result<()> {
+        match self {
+            Lease::One(g) => g.release().await,
+            Lease::Write(w) => w.release().await,
+        }
     }
 }
 
@@ -149,10 +209,11 @@ impl Signals {
 
 /// Runs the command under the lock; returns the exit code.
 pub(crate) async fn run(locker: Locker, args: Args) -> u8 {
-    let take = match (args.permits, args.shared) {
-        (Some(n), _) => Take::Permits(n),
-        (None, true) => Take::Shared,
-        (None, false) => Take::Lock,
+    let take = match (args.permits, args.shared, args.exclusive) {
+        (Some(n), _, _) => Take::Permits(n),
+        (None, true, _) => Take::Shared,
+        (None, false, true) => Take::Exclusive,
+        (None, false, false) => Take::Lock,
     };
     supervised(locker, &args.common, &take).await
 }
@@ -187,28 +248,43 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take) -> u8 {
     let taking = async {
         match take {
             Take::Permits(n) => {
-                let sem = Semaphore::new(&locker, &args.name, *n)?;
-                Ok(sem.acquire(&opts).await?.map(Permit::into_guard))
+                let sem = Semaphore::new(&locker, args.name.get(), *n)?;
+                Ok(sem
+                    .acquire(&opts)
+                    .await?
+                    .map(|p| Lease::One(Permit::into_guard(p))))
             }
             Take::Shared => {
-                let rw = RwLock::new(&locker, &args.name)?;
-                Ok(rw.read(&opts).await?.map(ReadGuard::into_guard))
+                let rw = RwLock::new(&locker, args.name.get())?;
+                Ok(rw
+                    .read(&opts)
+                    .await?
+                    .map(|g| Lease::One(ReadGuard::into_guard(g))))
+            }
+            Take::Exclusive => {
+                let rw = RwLock::new(&locker, args.name.get())?;
+                Ok(rw.write(&opts).await?.map(Lease::Write))
             }
             Take::Elect(value) => {
-                let election = Election::new(&locker, &args.name)?;
+                let election = Election::new(&locker, args.name.get())?;
                 Ok(election
                     .campaign_with(value, &opts)
                     .await?
-                    .map(Leadership::into_guard))
+                    .map(|l| Lease::One(Leadership::into_guard(l))))
             }
-            Take::Lock => locker.acquire(&args.name, &opts).await,
+            Take::Lock => Ok::<_, distlock::Error>(
+                locker
+                    .acquire(args.name.get(), &opts)
+                    .await?
+                    .map(Lease::One),
+            ),
         }
     };
     let acquired = tokio::select! {
         r = taking => r,
         sig = signals.recv() => {
             // Dropping the acquisition undoes it (flushed before exit).
-            eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name);
+            eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name.get());
             return signal_exit(sig);
         }
     };
@@ -218,19 +294,23 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take) -> u8 {
             match take {
                 Take::Shared => eprintln!(
                     "distlock: a writer holds {:?} or waits for it; not running the command",
-                    args.name
+                    args.name.get()
+                ),
+                Take::Exclusive => eprintln!(
+                    "distlock: readers or a writer hold {:?}; not running the command",
+                    args.name.get()
                 ),
                 Take::Lock => eprintln!(
                     "distlock: {:?} is held by another owner; not running the command",
-                    args.name
+                    args.name.get()
                 ),
                 Take::Permits(n) => eprintln!(
                     "distlock: all {n} permits of {:?} are held; not running the command",
-                    args.name
+                    args.name.get()
                 ),
                 Take::Elect(_) => eprintln!(
                     "distlock: another candidate leads {:?}; not running the command",
-                    args.name
+                    args.name.get()
                 ),
             }
             return args.conflict_exit_code;
@@ -240,11 +320,11 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take) -> u8 {
             return args.conflict_exit_code;
         }
         Err(e) => {
-            eprintln!("distlock: {e}");
+            crate::out::fail(&e);
             return exit::for_error(&e);
         }
     };
-    tracing::info!(name = %args.name, fence = ?guard.fence(), "lock acquired");
+    tracing::info!(name = %args.name.get(), fence = ?guard.fence(), "lock acquired");
     let code = under_lease(&guard, args, take, &mut signals).await;
     if let Err(e) = guard.release().await {
         if code != args.lost_exit_code {
@@ -285,7 +365,7 @@ fn kill_group(group: Option<Pid>) {
 
 /// Until when the lease is valid, on the monotonic clock shared with the
 /// supervisor; `None` once lost.
-fn valid_until(guard: &LockGuard) -> Option<Message> {
+fn valid_until(guard: &Lease) -> Option<Message> {
     let left = guard
         .valid_until()?
         .saturating_duration_since(std::time::Instant::now());
@@ -334,7 +414,7 @@ struct Supervisor {
 /// Starts the supervisor (the command waits for its first message) and
 /// takes its connection on a socket in a private directory; the error is
 /// the exit code, after a message.
-async fn start_supervisor(guard: &LockGuard, args: &Common, take: &Take) -> Result<Supervisor, u8> {
+async fn start_supervisor(guard: &Lease, args: &Common, take: &Take) -> Result<Supervisor, u8> {
     let failed = |what: &str, e: &dyn std::fmt::Display| {
         eprintln!("distlock: {what}: {e}");
         exit::SOFTWARE
@@ -363,7 +443,7 @@ async fn start_supervisor(guard: &LockGuard, args: &Common, take: &Take) -> Resu
         command
             .arg("--")
             .args(&args.command)
-            .env("DISTLOCK_NAME", &args.name)
+            .env("DISTLOCK_NAME", args.name.get())
             .process_group(0);
         // A permit's or a reader's token is held beside others: not a fence
         // for the resource, so none is exported then. A leader's is its term.
@@ -417,7 +497,12 @@ async fn start_supervisor(guard: &LockGuard, args: &Common, take: &Take) -> Resu
 
 /// Runs the command under its supervisor while the lease lives; returns
 /// the exit code.
-async fn under_lease(guard: &LockGuard, args: &Common, take: &Take, signals: &mut Signals) -> u8 {
+async fn under_lease(guard: &Lease, args: &Common, take: &Take, signals: &mut Signals) -> u8 {
+    // Should the supervisor die first, what the command started comes here
+    // (not to init), to be killed at the end.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::debug!(error = %e, "cannot become a subreaper");
+    }
     let Supervisor {
         mut child,
         group,
@@ -437,15 +522,14 @@ async fn under_lease(guard: &LockGuard, args: &Common, take: &Take, signals: &mu
         let _ = child.wait().await;
         eprintln!(
             "distlock: the lease on {:?} was lost before the command started",
-            args.name
+            args.name.get()
         );
         return args.lost_exit_code;
     }
     let tick = (args.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let mut heartbeat = tokio::time::interval(tick);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let lost = guard.lost();
-    tokio::pin!(lost);
+    let mut lost = guard.lost();
     // Whether the supervisor still reads (it closes its end as it exits).
     let mut open = true;
     let code = loop {
@@ -454,7 +538,7 @@ async fn under_lease(guard: &LockGuard, args: &Common, take: &Take, signals: &mu
             () = &mut lost => {
                 eprintln!(
                     "distlock: lease on {:?} lost ({}): stopping the command",
-                    args.name,
+                    args.name.get(),
                     guard.lost_reason().unwrap_or("unknown")
                 );
                 // The supervisor kills the group by the grace or the
@@ -501,8 +585,11 @@ async fn under_lease(guard: &LockGuard, args: &Common, take: &Take, signals: &mu
             }
         }
     };
-    // Whatever the command left in its group goes with it.
+    // Whatever the command left in its group goes with it, and every
+    // descendant that escaped the group (`setsid`, a double fork) and came
+    // to this process when the supervisor ended.
     kill_group(group);
+    crate::supervise::kill_descendants(None);
     if foreground.is_some() {
         // Should the supervisor have died holding the terminal.
         set_foreground(getpgrp());

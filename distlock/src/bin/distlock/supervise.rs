@@ -126,12 +126,32 @@ fn signal_group(sig: Signal) {
 /// Kills every process of this group but this one, and every descendant
 /// that came to this subreaper, until none is left (bounded), reaping them.
 fn kill_the_rest() {
-    let (me, group) = (getpid().as_raw(), getpgrp().as_raw());
+    kill_descendants(Some(getpgrp().as_raw()));
+}
+
+/// Kills every descendant of this process (and, with `group`, every other
+/// process of that group), again and again while any is found (each kill
+/// may hand an orphan to this subreaper), reaping what comes to it.
+pub(crate) fn kill_descendants(group: Option<i32>) {
+    let me = getpid().as_raw();
     for _ in 0..50 {
+        let all = processes();
+        // Descendants: every process whose chain of parents reaches here.
+        let mut mine = vec![me];
+        let mut grew = true;
+        while grew {
+            grew = false;
+            for (pid, ppid, _) in &all {
+                if mine.contains(ppid) && !mine.contains(pid) {
+                    mine.push(*pid);
+                    grew = true;
+                }
+            }
+        }
         let mut found = false;
-        for (pid, ppid, pgrp) in processes() {
-            if pid != me && (pgrp == group || ppid == me) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        for (pid, _, pgrp) in &all {
+            if *pid != me && (mine.contains(pid) || Some(*pgrp) == group) {
+                let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
                 found = true;
             }
         }
