@@ -538,7 +538,7 @@ impl Backend for EtcdBackend {
                 kv.txn(txn),
             )
             .await?;
-        let (mut holder, mut keys) = (None, 0usize);
+        let (mut holder, mut keys, mut lease) = (None, 0usize, None);
         for (i, op) in resp.op_responses().iter().enumerate() {
             let etcd_client::TxnOpResponse::Get(g) = op else {
                 continue;
@@ -561,10 +561,62 @@ impl Backend for EtcdBackend {
                     HolderInfo::new(owner, u64::try_from(kv.create_revision()).ok(), None)
                         .with_value(value)
                 });
+                lease = g.kvs().first().map(etcd_client::KeyValue::lease);
             } else {
                 keys = usize::try_from(g.count()).unwrap_or(usize::MAX);
             }
         }
+        // The holder's lease tells how long it lives without renewal.
+        if let (Some(h), Some(id)) = (holder.as_mut(), lease.filter(|id| *id != 0)) {
+            let mut leases = self.inner.client.lease_client();
+            let ttl = self
+                .request(
+                    self.inner.request_timeout,
+                    "reading the holder's lease",
+                    false,
+                    leases.time_to_live(id, None),
+                )
+                .await?;
+            h.ttl_remaining = u64::try_from(ttl.ttl()).ok().map(Duration::from_secs);
+        }
         Ok(Some(LockInfo::new(holder, Some(keys.saturating_sub(1)))))
+    }
+
+    /// The names with a key under the prefix (holders and waiters), read in
+    /// one range request of keys only.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        let root = if self.inner.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.inner.prefix)
+        };
+        let start = format!("{root}{}", lockcore::name::encode_segment(prefix));
+        let mut kv = self.inner.client.kv_client();
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Key, SortOrder::Ascend)
+            .with_limit(i64::try_from(limit.saturating_mul(8)).unwrap_or(i64::MAX));
+        let resp = self
+            .request(
+                self.inner.request_timeout,
+                "listing the lock keys",
+                false,
+                kv.get(start, Some(opts)),
+            )
+            .await?;
+        let mut names: Vec<String> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key());
+                let seg = key.strip_prefix(root.as_str())?.split_once('/')?.0;
+                lockcore::name::decode_segment(seg)
+            })
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        names.dedup();
+        names.truncate(limit);
+        Ok(Some(names))
     }
 }

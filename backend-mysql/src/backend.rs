@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::backend::prelude::*;
+use lockcore::Role;
 use sqlx::mysql::{
     MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode,
 };
@@ -236,7 +237,7 @@ async fn has_table(
 
 /// The row of read-write lock `name`: the name and a control character,
 /// which no lock name has, so it is never a lock's row.
-fn rw_row(name: &str) -> String {
+pub(crate) fn rw_row(name: &str) -> String {
     format!("{name}\u{1}rw")
 }
 
@@ -387,5 +388,35 @@ impl Backend for MysqlBackend {
             return Ok(None);
         }
         self.inspect_row(name).await.map(Some)
+    }
+
+    /// The names whose rows are locked now: a lock's, an election's or a
+    /// part's row, a read-write lock's (by a writer or readers), a
+    /// semaphore's slot. The lock table is read in name order a page at a
+    /// time, each page probed in one request that never waits; rows are
+    /// never deleted, so the listing stops after a bounded number of rows
+    /// (see `listing.rs`). Waiters are not seen. `None` on a server
+    /// without `SKIP LOCKED` (MariaDB before 10.6, MySQL before 8.0).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        self.held_names(prefix, limit).await
+    }
+
+    /// What a probe that never waits can tell of a semaphore's slots and
+    /// a read-write lock's row: one holder per slot held, one holder
+    /// standing for every reader while readers hold, one for the writer
+    /// while the row is held for update, none with an owner, token or
+    /// ttl (the server names who holds a row only in its lock tables, for
+    /// `PROCESS`). Readers with a writer waiting behind them show as a
+    /// writer. `None` for a layout built from locks.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inspect_role(&self, name: &str, role: Role) -> Result<Option<Vec<HolderInfo>>> {
+        self.role_holders(name, role).await
     }
 }

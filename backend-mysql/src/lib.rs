@@ -140,6 +140,23 @@
 //! `ensure_schema=false`, or an account that may not create it) locks and
 //! inspects, and has no elections.
 //!
+//! **Listing and roles.** [`Backend::list`](lockcore::backend::Backend::list)
+//! and [`Backend::inspect_role`](lockcore::backend::Backend::inspect_role)
+//! ask the server how rows are locked with reads that never wait (`SKIP
+//! LOCKED`, in a transaction rolled back in the same request): a page of
+//! the lock table locked shared skips the rows held for update, and a
+//! read-write lock's row locked for update after that skips it while
+//! readers hold it. That tells whether a row is held, not by whom (the
+//! server's lock tables, for `PROCESS`, would): a semaphore's permits show
+//! one holder per slot held and a read-write lock's readers one holder
+//! for them all, with no owner or token, and readers with a writer
+//! waiting behind them look like a writer. Rows are never deleted, so a
+//! listing reads a bounded number of rows under its prefix. For the moment
+//! of a probe the free rows it looked at are locked shared: a try asking
+//! for one then is refused once and asks again, and a try for a permit
+//! may find that slot taken. Both need `SKIP LOCKED`, and answer `None`
+//! without it.
+//!
 //! **Round trips.** With fencing, an uncontended acquisition is four round
 //! trips: the transaction's start (`SET SESSION ...; START TRANSACTION;
 //! SELECT CONNECTION_ID()`, one multi-statement request), the locking read,
@@ -199,6 +216,7 @@ mod holder;
 mod holding;
 mod idle;
 mod lease;
+mod listing;
 mod slots;
 mod sql;
 mod transaction;

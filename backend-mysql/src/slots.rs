@@ -31,6 +31,12 @@ fn slots_end(name: &str) -> String {
     format!("{name}\u{1}sem\u{2}")
 }
 
+/// The range of every slot row of semaphore `name`, of any count: from the
+/// slots' prefix (included) to just past them (excluded).
+pub(crate) fn slot_range(name: &str) -> (String, String) {
+    (format!("{name}\u{1}sem\u{1}"), slots_end(name))
+}
+
 /// How many slots a waiter waits on at once, each on a connection of its
 /// own: every slot of a semaphore of up to this many permits.
 const WAIT_WIDTH: u32 = 8;

@@ -79,6 +79,25 @@ pub(crate) struct Sql {
     row_probe_head: Arc<str>,
     /// The rest of [`Sql::row_probe`], after the row's name.
     row_probe_tail: Arc<str>,
+    /// The lock rows from a bound lower bound (included) to a bound upper
+    /// one (excluded), in name order, at most a bound count: a read that
+    /// locks nothing (for listing).
+    pub(crate) list_rows: Arc<str>,
+    /// The lock table (a checked identifier), for the probes built with
+    /// hex literals.
+    table: Arc<str>,
+    /// A shared lock that skips locked rows, as this server spells it.
+    share_skip: &'static str,
+}
+
+/// How a probe's transaction begins: read committed, so that its locking
+/// reads lock only the rows they return (no gap locks).
+const PROBE_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;";
+
+/// `bytes` as the digits of a hex literal (`X'...'`): bytes only, so safe
+/// in a statement's text.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02X}")).collect()
 }
 
 /// The name of a row's user lock, as a SQL expression of the row name
@@ -193,7 +212,76 @@ impl Sql {
             )
             .into(),
             row_probe_tail: format!("' {share_nowait}; ROLLBACK").into(),
+            list_rows: format!(
+                "SELECT `name` FROM `{table}` WHERE `name` >= ? AND `name` < ? ORDER BY `name` LIMIT ?"
+            )
+            .into(),
+            table: table.into(),
+            share_skip,
         }
+    }
+
+    /// The request that tells, without waiting, which lock rows from
+    /// `first` to `last` (both included) are locked: in a transaction of
+    /// its own (read committed), rolled back at once, the rows of that
+    /// range that no one holds for update (locked shared, skipping the
+    /// locked ones), tagged 1; then, of `rw_rows` (read-write lock rows
+    /// among them), those no one else holds at all (locked for update,
+    /// skipping the locked ones), tagged 2. Each row comes back as its
+    /// name and tag. For the moment between its reads and its rollback the
+    /// request holds the free rows: a try asking for one of them then is
+    /// refused once and asks again, and a try for a permit may skip a
+    /// free slot. Rows are written as hex literals.
+    pub(crate) fn rows_probe(&self, first: &[u8], last: &[u8], rw_rows: &[&[u8]]) -> String {
+        let table = &self.table;
+        let (first, last) = (hex(first), hex(last));
+        let mut sql = format!(
+            "{PROBE_BEGIN} SELECT `name`, CAST(1 AS SIGNED) FROM `{table}` WHERE `name` >= X'{first}' AND `name` <= X'{last}' {};",
+            self.share_skip
+        );
+        if !rw_rows.is_empty() {
+            let rows: Vec<String> = rw_rows.iter().map(|r| format!("X'{}'", hex(r))).collect();
+            sql.push_str(&format!(
+                " SELECT `name`, CAST(2 AS SIGNED) FROM `{table}` WHERE `name` IN ({}) FOR UPDATE SKIP LOCKED;",
+                rows.join(", ")
+            ));
+        }
+        sql.push_str(" ROLLBACK");
+        sql
+    }
+
+    /// The request that tells, without waiting, which slot rows from
+    /// `start` (included) to `end` (excluded) are held: every slot row,
+    /// read without locking, tagged 1, and those no one holds for update
+    /// (locked shared for a moment, skipping the held ones), tagged 2, in
+    /// a transaction of its own rolled back at once (see
+    /// [`Sql::rows_probe`]).
+    pub(crate) fn slots_probe(&self, start: &[u8], end: &[u8]) -> String {
+        let table = &self.table;
+        let (start, end) = (hex(start), hex(end));
+        let range = format!("`name` >= X'{start}' AND `name` < X'{end}'");
+        format!(
+            "{PROBE_BEGIN} SELECT `name`, CAST(1 AS SIGNED) FROM `{table}` WHERE {range}; \
+             SELECT `name`, CAST(2 AS SIGNED) FROM `{table}` WHERE {range} {}; ROLLBACK",
+            self.share_skip
+        )
+    }
+
+    /// The request that tells, without waiting, how read-write lock row
+    /// `row` is held: tag 1 if the row exists (read without locking), tag
+    /// 2 if no one holds it for update nor waits to (it is locked shared,
+    /// skipping it otherwise), tag 3 if no one else holds it at all (then
+    /// locked for update, skipping it otherwise), in a transaction of its
+    /// own rolled back at once (see [`Sql::rows_probe`]).
+    pub(crate) fn rw_probe(&self, row: &[u8]) -> String {
+        let table = &self.table;
+        let at = format!("`name` = X'{}'", hex(row));
+        format!(
+            "{PROBE_BEGIN} SELECT CAST(1 AS SIGNED) FROM `{table}` WHERE {at}; \
+             SELECT CAST(2 AS SIGNED) FROM `{table}` WHERE {at} {}; \
+             SELECT CAST(3 AS SIGNED) FROM `{table}` WHERE {at} FOR UPDATE SKIP LOCKED; ROLLBACK",
+            self.share_skip
+        )
     }
 
     /// The request that asks whether some transaction holds the row of
@@ -207,7 +295,7 @@ impl Sql {
     /// A missing row is not locked. The name is written as a hex literal
     /// (bytes only, so safe in the text).
     pub(crate) fn row_probe(&self, name: &str) -> String {
-        let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+        let hex = hex(name.as_bytes());
         format!("{}{hex}{}", self.row_probe_head, self.row_probe_tail)
     }
 }
@@ -269,6 +357,24 @@ mod tests {
         assert!(mariadb
             .row_probe("x")
             .ends_with("`name` = X'78' LOCK IN SHARE MODE NOWAIT; ROLLBACK"));
+    }
+
+    #[test]
+    fn probes_name_their_rows_in_hex_and_roll_back() {
+        let mysql = Sql::new("t", "t_fence", false, true);
+        let p = mysql.rows_probe(b"a", b"a\x01rw", &[&b"a\x01rw"[..]]);
+        assert!(p.starts_with(PROBE_BEGIN), "{p}");
+        assert!(p.contains("`name` >= X'61' AND `name` <= X'61017277' FOR SHARE SKIP LOCKED;"));
+        assert!(p.contains("IN (X'61017277') FOR UPDATE SKIP LOCKED;"));
+        assert!(p.ends_with(" ROLLBACK"));
+        assert!(!mysql.rows_probe(b"a", b"b", &[]).contains("FOR UPDATE"));
+        let mariadb = Sql::new("t", "t_fence", true, true);
+        let p = mariadb.slots_probe(b"s\x01sem\x01", b"s\x01sem\x02");
+        assert!(p.contains("`name` >= X'730173656D01' AND `name` < X'730173656D02' LOCK IN SHARE MODE SKIP LOCKED; ROLLBACK"));
+        let p = mariadb.rw_probe(b"r\x01rw");
+        assert_eq!(p.matches("X'72017277'").count(), 3);
+        assert!(p.ends_with("FOR UPDATE SKIP LOCKED; ROLLBACK"));
+        assert_eq!(mysql.list_rows.matches('?').count(), 3);
     }
 
     #[test]

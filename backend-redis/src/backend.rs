@@ -262,9 +262,31 @@ impl Backend for RedisBackend {
             // holder's even when the counter has expired.
             let carried = value.as_deref().and_then(|v| parse_value(v, &o));
             let fence = carried.as_ref().map_or(counter, |c| Some(c.0));
-            HolderInfo::new(Some(o.clone()), fence, ttl).with_value(carried.map(|c| c.1))
+            HolderInfo::new(Some(o.clone()), fence, ttl)
+                .with_value(carried.map(|c| c.1))
+                .with_since(fence.and_then(crate::scripts::time_of_fence))
         });
         Ok(Some(LockInfo::new(holder, None)))
+    }
+
+    /// The lock keys under the prefix (`SCAN`, on every master of a
+    /// cluster), as names.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        let pattern = crate::scripts::scan_pattern(&self.cfg.prefix, prefix);
+        let key_prefix = self.cfg.prefix.clone();
+        let keys = self
+            .conn
+            .scan(&pattern, limit, |k| {
+                crate::scripts::name_of_key(&key_prefix, k).is_some()
+            })
+            .await
+            .map_err(|e| map_err(e, "list", &self.server, false))?;
+        Ok(Some(
+            keys.iter()
+                .filter_map(|k| crate::scripts::name_of_key(&self.cfg.prefix, k))
+                .filter(|n| n.starts_with(prefix))
+                .collect(),
+        ))
     }
 }
 

@@ -281,6 +281,111 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// The keys matching `pattern` that `keep` accepts, at most `limit`:
+    /// `SCAN` on one instance, on every master of a cluster.
+    pub(crate) async fn scan(
+        &self,
+        pattern: &str,
+        limit: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> RedisResult<Vec<String>> {
+        let mut found = Vec::new();
+        match self {
+            Conn::Single(m) => {
+                let (gen, mut c) = m.get();
+                let r = scan_one(
+                    &mut Scanned::Single(&mut c),
+                    pattern,
+                    limit,
+                    &keep,
+                    &mut found,
+                )
+                .await;
+                m.after(gen, &r);
+                r?;
+            }
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let mut c = c.clone();
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut c)
+                    .await?;
+                for (host, port) in masters(&nodes) {
+                    let route =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let mut node = Scanned::Node(&mut c, route);
+                    scan_one(&mut node, pattern, limit, &keep, &mut found).await?;
+                    if found.len() >= limit {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// The masters (host, port) of a cluster that `CLUSTER NODES` lists as
+/// connected.
+fn masters(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let flags = f.get(2)?;
+            if !flags.split(',').any(|x| x == "master") || flags.contains("fail") {
+                return None;
+            }
+            let addr = f.get(1)?.split('@').next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `SCAN` of one server (through `route` on a cluster) until its end or
+/// until `found` has `limit` keys.
+async fn scan_one(
+    c: &mut Scanned<'_>,
+    pattern: &str,
+    limit: usize,
+    keep: &impl Fn(&str) -> bool,
+    found: &mut Vec<String>,
+) -> RedisResult<()> {
+    let mut cursor = 0u64;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let (next, keys): (u64, Vec<String>) = match c {
+            Scanned::Single(c) => cmd.query_async(*c).await?,
+            Scanned::Node(c, route) => {
+                redis::from_redis_value(c.route_command(cmd, route.clone()).await?)?
+            }
+        };
+        found.extend(keys.into_iter().filter(|k| keep(k)));
+        if next == 0 || found.len() >= limit {
+            found.truncate(limit);
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// The server one `SCAN` runs on.
+enum Scanned<'a> {
+    Single(&'a mut ConnectionManager),
+    Node(
+        &'a mut ClusterConnection,
+        redis::cluster_routing::RoutingInfo,
+    ),
+}
+
 /// The root certificate of `cfg.ca_file`, read for TLS.
 #[cfg(feature = "tls")]
 fn tls_certs(cfg: &RedisConfig) -> Result<Option<redis::TlsCertificates>> {

@@ -26,9 +26,16 @@ pub(crate) fn map_err(e: RedisError, what: &str, server: &str, mutating: bool) -
 
 /// Whether the server refused the credentials or their absence (`NOAUTH`,
 /// `WRONGPASS`, `NOPERM`, or a refused `AUTH` at the handshake).
-fn refused_credentials(e: &RedisError) -> bool {
+///
+/// A cluster's first connections report a refused `AUTH` inside an I/O
+/// error: its text tells.
+pub(crate) fn refused_credentials(e: &RedisError) -> bool {
+    let text = e.to_string();
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || ["AuthenticationFailed", "NOAUTH", "WRONGPASS"]
+            .iter()
+            .any(|w| text.contains(w))
 }
 
 /// Maps an error of connecting to `server`: one that is neither a refused

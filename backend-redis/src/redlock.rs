@@ -57,7 +57,7 @@ use lockcore::retry::jitter_between;
 use tokio::sync::oneshot;
 
 use crate::backend::wait_turn;
-use crate::config::{RedisConfig, Topology, NAME};
+use crate::config::{Node, RedisConfig, Topology, NAME};
 use crate::conn::{Conn, Managed};
 use crate::scripts::{ttl_ms, Keys, HOLDER, RELEASE, RENEW_OR_MISSING};
 use crate::wake::{Subscription, Wakeups};
@@ -68,6 +68,36 @@ use crate::wake::{Subscription, Wakeups};
 struct Instance {
     conn: Arc<Managed>,
     wake: Wakeups,
+}
+
+/// Refuses credentials that a master that answers refuses (they are the
+/// same for every master): `Unauthorized` at connect, rather than a
+/// majority that never answers.
+async fn refuse_refused_credentials(
+    nodes: &[Node],
+    instances: &[Instance],
+    within: Duration,
+) -> Result<()> {
+    let answers = join_all(instances.iter().map(|i| {
+        let (_, mut c) = i.conn.get();
+        async move {
+            tokio::time::timeout(within, redis::cmd("PING").query_async::<String>(&mut c)).await
+        }
+    }))
+    .await;
+    for (node, answer) in nodes.iter().zip(answers) {
+        if let Ok(Err(e)) = answer {
+            if crate::error::refused_credentials(&e) {
+                return Err(crate::error::map_err(
+                    e,
+                    "connect",
+                    &node.to_string(),
+                    false,
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a master listed twice, by address (`by_address`: not over TLS,
@@ -178,7 +208,12 @@ impl RedLockBackend {
                 wake: Wakeups::new(client, cfg.response_timeout),
             });
         }
-        refuse_one_master_twice(nodes, &instances, cfg.connect_timeout, !cfg.tls).await?;
+        let (credentials, twice) = tokio::join!(
+            refuse_refused_credentials(nodes, &instances, cfg.connect_timeout),
+            refuse_one_master_twice(nodes, &instances, cfg.connect_timeout, !cfg.tls)
+        );
+        credentials?;
+        twice?;
         Ok(RedLockBackend {
             instances: Arc::new(instances),
             cfg,
@@ -587,6 +622,42 @@ impl Backend for RedLockBackend {
             majority_holder(&views, self.quorum()),
             None,
         )))
+    }
+
+    /// The names whose lock key any instance that answers has (a majority
+    /// must answer); [`inspect`](Backend::inspect) tells which a majority
+    /// holds.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        let pattern = crate::scripts::scan_pattern(&self.cfg.prefix, prefix);
+        let time = self.cfg.response_timeout * 4;
+        let key_prefix = self.cfg.prefix.as_str();
+        let lists = join_all(self.instances.iter().map(|i| {
+            let c = Conn::Single(i.conn.clone());
+            let pattern = pattern.as_str();
+            async move {
+                let keep = |k: &str| crate::scripts::name_of_key(key_prefix, k).is_some();
+                tokio::time::timeout(time, c.scan(pattern, limit, keep))
+                    .await
+                    .ok()
+                    .and_then(std::result::Result::ok)
+            }
+        }))
+        .await;
+        let answered = lists.iter().flatten().count();
+        if answered < self.quorum() {
+            return Err(self.too_few(answered, time, " to list the names held"));
+        }
+        let mut names: Vec<String> = lists
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|k| crate::scripts::name_of_key(key_prefix, &k))
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        names.sort();
+        names.dedup();
+        names.truncate(limit);
+        Ok(Some(names))
     }
 }
 

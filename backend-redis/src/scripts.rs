@@ -160,6 +160,49 @@ impl Keys {
     }
 }
 
+/// The `SCAN` pattern of the lock keys of names starting with `prefix`
+/// (glob characters escaped). Names that start with `}` live under
+/// `<key prefix>#{...}` and are not matched by a non-empty `prefix`.
+pub(crate) fn scan_pattern(key_prefix: &str, prefix: &str) -> String {
+    let escape = |s: &str| {
+        s.chars().fold(String::new(), |mut out, c| {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                out.push('\\');
+            }
+            out.push(c);
+            out
+        })
+    };
+    if prefix.is_empty() {
+        format!("{}*", escape(key_prefix))
+    } else {
+        format!("{}{{{}*", escape(key_prefix), escape(prefix))
+    }
+}
+
+/// The name whose lock key is `key` (see [`Keys`]), or `None` for another
+/// key (a fencing counter, a value, another program's key).
+pub(crate) fn name_of_key(key_prefix: &str, key: &str) -> Option<String> {
+    let rest = key.strip_prefix(key_prefix)?;
+    if let Some(hex) = rest.strip_prefix("#{").and_then(|r| r.strip_suffix('}')) {
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        return String::from_utf8(bytes).ok();
+    }
+    let name = rest.strip_prefix('{')?.strip_suffix('}')?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// When a fencing token was granted, where it is the server's time in
+/// microseconds (it is `max(counter + 1, TIME)`: the time, unless grants
+/// came faster than the clock).
+pub(crate) fn time_of_fence(fence: u64) -> Option<std::time::SystemTime> {
+    // Tokens below 2001-09-09 in µs are counters, not times.
+    (fence > 1_000_000_000_000_000).then(|| std::time::UNIX_EPOCH + Duration::from_micros(fence))
+}
+
 /// ttl in whole milliseconds, as a string argument.
 pub(crate) fn ttl_ms(ttl: Duration) -> String {
     ttl.as_millis().to_string()

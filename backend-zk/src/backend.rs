@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use lockcore::backend::prelude::*;
 use lockcore::sync::lock;
+use lockcore::Role;
 use zookeeper_client as zk;
 
 use crate::config::{AclMode, ZkConfig, NAME};
 use crate::error::map_err;
 use crate::lease::ZkLease;
 use crate::nodes::{
-    create_node, data_of, delete_for_good, delete_node, delete_ours, list, lock_parent,
+    create_node, data_of, delete_for_good, delete_node, delete_ours, list, lock_parent, since_of,
     sync_with_leader, vanished, AbortOnDrop,
 };
 use crate::recipe;
@@ -630,7 +631,7 @@ impl Backend for ZkBackend {
                 return Ok(Some(LockInfo::new(None, Some(0))));
             }
             for (i, node) in queue.iter().enumerate() {
-                let Some((data, czxid)) =
+                let Some((data, stat)) =
                     data_of(&session, &format!("{parent}/{}", node.name)).await?
                 else {
                     continue;
@@ -639,13 +640,14 @@ impl Backend for ZkBackend {
                 // of a plain lock of ours (not a value), or what another
                 // client wrote (Curator writes the host address).
                 let value = Some(String::from_utf8_lossy(&data).into_owned())
-                    .filter(|v| !is_own_token(&node.name, v));
+                    .filter(|v| !recipe::is_own_token(&node.name, v));
                 let holder = HolderInfo::new(
                     Some(recipe::owner_of(&node.name)),
-                    u64::try_from(czxid).ok(),
+                    u64::try_from(stat.czxid).ok(),
                     None,
                 )
-                .with_value(value);
+                .with_value(value)
+                .with_since(since_of(&stat));
                 return Ok(Some(LockInfo::new(Some(holder), Some(queue.len() - i - 1))));
             }
         }
@@ -654,18 +656,45 @@ impl Backend for ZkBackend {
             format!("every contender of {parent} was gone by the time it was read, {INSPECT_ROUNDS} times over"),
         ))
     }
+
+    /// The names whose parent node, a child of the base path
+    /// (`<chroot><prefix>`), has a contender: a holder or a waiter of a
+    /// lock, an election, a read-write lock, or a semaphore (a lease or a
+    /// waiter on its mutex). Parent nodes are flat (a name's `/` is
+    /// encoded), so every name is one child, decoded back; children that
+    /// are not the encoding of a name are left out. After a `sync`, as
+    /// `inspect`; one listing per candidate name, in name order, until
+    /// `limit` are found.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        let session = self.session(lockcore::DEFAULT_TTL).await?;
+        crate::listing::held_names(&session, &self.cfg, prefix, limit)
+            .await
+            .map(Some)
+    }
+
+    /// The readers holding now (`__READ__` nodes before the first writer),
+    /// the writer holding now (a `__WRIT__` node first in the read-write
+    /// lock's queue), or the permits held (the semaphore's lease nodes, see
+    /// the crate docs), with owner, token (`czxid`) and `since` (`ctime`)
+    /// read from each node; `None` for a primitive laid out from locks
+    /// (`rwlock=built`, `semaphore=built`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inspect_role(&self, name: &str, role: Role) -> Result<Option<Vec<HolderInfo>>> {
+        if !crate::listing::is_native(&self.cfg, role) {
+            return Ok(None);
+        }
+        let session = self.session(lockcore::DEFAULT_TTL).await?;
+        crate::listing::role_holders(&session, &self.cfg, name, role).await
+    }
 }
 
 /// How often `inspect` lists again when every listed node went before it
 /// was read.
 const INSPECT_ROUNDS: usize = 8;
-
-/// Whether `data` is the owner token our plain lock writes into node
-/// `node` (`_c_<the token as a uuid>-lock-<seq>`).
-fn is_own_token(node: &str, data: &str) -> bool {
-    data.len() == 32
-        && node
-            .strip_prefix("_c_")
-            .and_then(|rest| rest.get(..36))
-            .is_some_and(|uuid| uuid.replace('-', "") == data)
-}

@@ -92,6 +92,16 @@
 //! acknowledged before it was called, at the cost of one more round trip
 //! (barring a change of leader in between: ZooKeeper's `sync` is not
 //! itself a quorum operation, ZOOKEEPER-1675).
+//! [`list`](lockcore::backend::Backend::list) lists the base path's
+//! children (one per name: a name's `/` is encoded, so there is no
+//! nesting) and keeps the names whose parent has a contender node;
+//! [`inspect_role`](lockcore::backend::Backend::inspect_role) reads the
+//! readers holding (the `__READ__` nodes before the first writer), the
+//! writer holding (a `__WRIT__` node first in the read-write lock's
+//! queue) and the permits held (the first `N` lease nodes, `N` the count
+//! our lease nodes carry; every lease node when only Curator's are there),
+//! each with its node's `czxid` as token and `ctime` as `since`. Both
+//! `sync` first, as inspection does.
 //!
 //! **The recipe.** The first contender holds the lock. Every other one
 //! watches only its predecessor (an `exists` watch), so a release wakes one
@@ -137,6 +147,7 @@ mod backend;
 pub mod config;
 mod error;
 mod lease;
+mod listing;
 mod nodes;
 mod recipe;
 mod session;

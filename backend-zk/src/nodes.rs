@@ -3,7 +3,7 @@
 //! our nodes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockcore::name::encode_segment;
 use lockcore::{Error, ErrorKind, OwnerToken, Result};
@@ -117,16 +117,25 @@ pub(crate) async fn czxid_of(session: &Session, path: &str) -> Result<Option<i64
         .map_err(|e| map_err(e, format!("reading {path}"), false))
 }
 
-/// The data and czxid of `path`, or `None` when it does not exist.
-pub(crate) async fn data_of(session: &Session, path: &str) -> Result<Option<(Vec<u8>, i64)>> {
+/// The data and stat of `path`, or `None` when it does not exist.
+pub(crate) async fn data_of(session: &Session, path: &str) -> Result<Option<(Vec<u8>, zk::Stat)>> {
     match session
         .call(|c| async move { c.get_data(path).await })
         .await
     {
-        Ok((data, stat)) => Ok(Some((data, stat.czxid))),
+        Ok((data, stat)) => Ok(Some((data, stat))),
         Err(zk::Error::NoNode) => Ok(None),
         Err(e) => Err(map_err(e, format!("reading {path}"), false)),
     }
+}
+
+/// When a node was created, by the server's clock: its stat's `ctime`
+/// (milliseconds since the Unix epoch), `None` for a stat without one.
+pub(crate) fn since_of(stat: &zk::Stat) -> Option<SystemTime> {
+    u64::try_from(stat.ctime)
+        .ok()
+        .filter(|ms| *ms > 0)
+        .and_then(|ms| UNIX_EPOCH.checked_add(Duration::from_millis(ms)))
 }
 
 /// The parent node of lock `name` under `cfg`.

@@ -33,6 +33,8 @@ const READ_MARK: &str = "__READ__";
 const WRITE_MARK: &str = "__WRIT__";
 /// kazoo's `ReadLock` node marker.
 const KAZOO_READ_MARK: &str = "__rlock__";
+/// Curator's lease name for `InterProcessSemaphoreV2`'s permits.
+const LEASE_MARK: &str = "-lease-";
 
 /// What a contender node is, by its marker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +67,12 @@ impl Kind {
     /// `inspect` reports), rather than its read-write lock.
     pub(crate) fn is_lock(self) -> bool {
         matches!(self, Kind::Mutex | Kind::Kazoo)
+    }
+
+    /// Whether a contender of this kind queues in the name's read-write
+    /// lock: a reader, a writer, or kazoo's `__lock__` (in both).
+    pub(crate) fn is_rw(self) -> bool {
+        matches!(self, Kind::Read | Kind::Write | Kind::Kazoo)
     }
 }
 
@@ -124,7 +132,7 @@ pub(crate) fn node_prefix(owner: OwnerToken, with_value: bool, mode: Mode) -> St
 /// The prefix of our lease node of a semaphore, in Curator's
 /// `InterProcessSemaphoreV2` layout (ZooKeeper appends the sequence).
 pub(crate) fn lease_prefix(owner: OwnerToken) -> String {
-    format!("_c_{}-lease-", uuid_of(owner))
+    format!("_c_{}{LEASE_MARK}", uuid_of(owner))
 }
 
 /// What our lease node holds: the count of permits this client admits by,
@@ -154,6 +162,12 @@ pub(crate) fn sequence_of(child: &str) -> Option<(i64, Kind)> {
         .iter()
         .filter_map(|(m, kind)| child.rfind(m).map(|i| (&child[i + m.len()..], *kind)))
         .min_by_key(|(s, _)| s.len())?;
+    Some((parse_sequence(suffix)?, kind))
+}
+
+/// The sequence number ZooKeeper appended, from the `suffix` after a
+/// node's marker: 10 digits, or `-` and 9 or 10.
+fn parse_sequence(suffix: &str) -> Option<i64> {
     let (digits, widths) = match suffix.strip_prefix('-') {
         Some(d) => (d, 9..=10),
         None => (suffix, 10..=10),
@@ -162,7 +176,27 @@ pub(crate) fn sequence_of(child: &str) -> Option<(i64, Kind)> {
         return None;
     }
     let seq: i32 = suffix.parse().ok()?;
-    Some((i64::from(seq), kind))
+    Some(i64::from(seq))
+}
+
+/// The lease nodes among a semaphore's `leases` children (Curator's
+/// `_c_<uuid>-lease-<seq>`, ours alike), in sequence order: the order
+/// they were created in. Children of no such form are left out.
+pub(crate) fn leases(children: Vec<String>) -> Vec<String> {
+    let mut v: Vec<(String, i64)> = children
+        .into_iter()
+        .filter_map(|name| {
+            let at = name.rfind(LEASE_MARK)?;
+            let seq = parse_sequence(&name[at + LEASE_MARK.len()..])?;
+            Some((name, seq))
+        })
+        .collect();
+    v.sort_by(|a, b| {
+        queue_order(a.1)
+            .cmp(&queue_order(b.1))
+            .then_with(|| a.0.cmp(&b.0))
+    });
+    v.into_iter().map(|(name, _)| name).collect()
 }
 
 /// A contender node: its name, sequence number, and kind.
@@ -207,6 +241,37 @@ pub(crate) fn blocker(queue: &[Contender], pos: usize) -> Option<&Contender> {
         .iter()
         .rev()
         .find(|c| kind.waits_for(c.kind))
+}
+
+/// The positions in `queue` of the read-write lock's holders: its readers
+/// holding now (no writer, nor kazoo's `__lock__`, queued before them),
+/// or, for `writer`, the writer holding now: the first contender of the
+/// read-write lock when it is a writer (`__WRIT__`). kazoo's `__lock__`
+/// at the head holds the name's lock, as `inspect` shows, and is not
+/// repeated as a writer; readers behind it do not hold.
+pub(crate) fn rw_holders(queue: &[Contender], writer: bool) -> Vec<usize> {
+    if writer {
+        return queue
+            .iter()
+            .position(|c| c.kind.is_rw())
+            .filter(|pos| queue[*pos].kind == Kind::Write)
+            .into_iter()
+            .collect();
+    }
+    (0..queue.len())
+        .filter(|pos| queue[*pos].kind == Kind::Read && blocker(queue, *pos).is_none())
+        .collect()
+}
+
+/// Whether `data` is the owner token our plain lock writes into node
+/// `node` (`_c_<the token as a uuid>-lock-<seq>`; a reader's and a
+/// writer's alike).
+pub(crate) fn is_own_token(node: &str, data: &str) -> bool {
+    data.len() == 32
+        && node
+            .strip_prefix("_c_")
+            .and_then(|rest| rest.get(..36))
+            .is_some_and(|uuid| uuid.replace('-', "") == data)
 }
 
 #[cfg(test)]
@@ -307,6 +372,63 @@ mod tests {
         let seqs: Vec<i64> = c.iter().map(|c| c.seq).collect();
         assert_eq!(seqs, [1, 2, 3]);
         assert_eq!(c[0].name, "ffff__lock__0000000001");
+    }
+
+    #[test]
+    fn leases_in_creation_order() {
+        let l = leases(vec![
+            "_c_b-lease-0000000003".into(),
+            "locks".into(),
+            "_c_a-lease-0000000002".into(),
+            "_c_c-lease--000000001".into(),
+            "_c_d-lease-12".into(),
+        ]);
+        assert_eq!(
+            l,
+            [
+                "_c_a-lease-0000000002",
+                "_c_b-lease-0000000003",
+                "_c_c-lease--000000001"
+            ]
+        );
+        let o = OwnerToken::from_u128(7);
+        assert!(lease_prefix(o).ends_with("-lease-"));
+    }
+
+    #[test]
+    fn holders_of_the_read_write_lock() {
+        let q = contenders(vec![
+            "_c_m-lock-0000000001".into(),
+            "_c_a-__READ__0000000002".into(),
+            "b__rlock__0000000003".into(),
+            "_c_w-__WRIT__0000000004".into(),
+            "_c_d-__READ__0000000005".into(),
+        ]);
+        // The lock's holder is not the read-write lock's; readers before
+        // the first writer hold, the writer waits for them.
+        assert_eq!(rw_holders(&q, false), [1, 2]);
+        assert!(rw_holders(&q, true).is_empty());
+        let q = contenders(vec![
+            "_c_w-__WRIT__0000000004".into(),
+            "_c_d-__READ__0000000005".into(),
+            "_c_x-__WRIT__0000000006".into(),
+        ]);
+        assert_eq!(rw_holders(&q, true), [0]);
+        assert!(rw_holders(&q, false).is_empty());
+        let q = contenders(vec![
+            "k__lock__0000000001".into(),
+            "_c_w-__WRIT__0000000002".into(),
+            "_c_d-__READ__0000000003".into(),
+        ]);
+        assert!(rw_holders(&q, true).is_empty() && rw_holders(&q, false).is_empty());
+    }
+
+    #[test]
+    fn own_token_is_not_a_value() {
+        let o = OwnerToken::from_u128(0x0123456789abcdef_fedcba9876543210);
+        let node = format!("{}0000000001", node_prefix(o, false, Mode::Read));
+        assert!(is_own_token(&node, &o.to_string()));
+        assert!(!is_own_token(&node, "10.0.0.7"));
     }
 
     #[test]

@@ -326,6 +326,10 @@ pub struct HolderInfo {
     /// The value stored beside the lease ([`AcquireRequest::value`]), where
     /// the backend keeps one.
     pub value: Option<String>,
+    /// When the holder was granted the name, by the server's clock, where
+    /// the backend can tell (ZooKeeper: the node's creation time; Redis:
+    /// the time in the fencing token; memory: the grant).
+    pub since: Option<std::time::SystemTime>,
 }
 
 impl HolderInfo {
@@ -336,7 +340,15 @@ impl HolderInfo {
             fence,
             ttl_remaining,
             value: None,
+            since: None,
         }
+    }
+
+    /// Sets [`since`](HolderInfo::since).
+    #[must_use]
+    pub fn with_since(mut self, since: Option<std::time::SystemTime>) -> Self {
+        self.since = since;
+        self
     }
 
     /// Sets [`value`](HolderInfo::value).
@@ -352,6 +364,19 @@ impl LockInfo {
     pub fn new(holder: Option<HolderInfo>, waiters: Option<usize>) -> Self {
         LockInfo { holder, waiters }
     }
+}
+
+/// A holder's place in a semaphore or read-write lock in a backend's own
+/// layout, for [`Backend::inspect_role`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// A permit of a semaphore ([`Mode::Permit`]).
+    Permit,
+    /// A reader of a read-write lock ([`Mode::Read`]).
+    Reader,
+    /// The writer of a read-write lock ([`Mode::Write`]).
+    Writer,
 }
 
 /// A lock server, as the library sees it.
@@ -386,6 +411,39 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// cannot inspect.
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
         let _ = name;
+        Ok(None)
+    }
+
+    /// The names held on the server that start with `prefix`, at most
+    /// `limit` of them, in no particular order, or `Ok(None)` when the
+    /// backend cannot list.
+    ///
+    /// Names are as [`Backend::acquire`] took them: a lock's or an
+    /// election's name, each part of a primitive in the built layout by its
+    /// part name (`S␟permit-0003`, `L␟write`, see
+    /// [`crate::name::is_part_name`]), and once the name of a semaphore or
+    /// read-write lock in the backend's own layout ([`Layout::Native`](crate::Layout)).
+    /// A name may be listed that is free by the time it is inspected (a
+    /// release in between), or that only waiters queue on.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        let _ = (prefix, limit);
+        Ok(None)
+    }
+
+    /// Every holder of `name` in `role` of this backend's own layout of a
+    /// semaphore or read-write lock ([`Layout::Native`](crate::Layout)),
+    /// in their queue order where there is one, or `Ok(None)` where the
+    /// backend has no such layout or cannot tell.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inspect_role(&self, name: &str, role: Role) -> Result<Option<Vec<HolderInfo>>> {
+        let _ = (name, role);
         Ok(None)
     }
 }

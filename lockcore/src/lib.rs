@@ -57,6 +57,7 @@ pub mod fencing;
 mod guard;
 mod held;
 pub mod history;
+pub mod holdings;
 mod locker;
 pub mod memory;
 pub mod migrate;
@@ -71,12 +72,13 @@ mod watchdog;
 pub use async_trait::async_trait;
 pub use backend::{
     AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, Mode, OwnerToken,
-    Released, Renewal,
+    Released, Renewal, Role,
 };
 pub use capabilities::{Capabilities, Fencing, Layout, LeaseKind};
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;
+pub use holdings::{Holdings, PermitHolder, WriterHolder};
 pub use locker::{Locker, DEADLINE_GRACE};
 pub use name::{validate_name, MAX_NAME_BYTES};
 pub use options::{LockOptions, Wait, DEFAULT_TTL, MAX_TTL, MIN_TTL};

@@ -68,6 +68,8 @@ struct Holder {
     fence: u64,
     lost: CancellationToken,
     value: Option<String>,
+    /// When it was granted.
+    since: std::time::SystemTime,
 }
 
 #[derive(Debug)]
@@ -100,6 +102,7 @@ impl Entry {
             if w.tx.send((*last_fence, expires)).is_ok() {
                 self.holder = Some(Holder {
                     owner: w.owner,
+                    since: std::time::SystemTime::now(),
                     expires,
                     fence: *last_fence,
                     lost: w.lost,
@@ -272,6 +275,7 @@ impl Backend for MemoryBackend {
                 *last_fence += 1;
                 let expires = now + req.ttl;
                 entry.holder = Some(Holder {
+                    since: std::time::SystemTime::now(),
                     owner: req.owner,
                     expires,
                     fence: *last_fence,
@@ -358,8 +362,25 @@ impl Backend for MemoryBackend {
                 Some(h.expires.saturating_duration_since(now)),
             )
             .with_value(h.value.clone())
+            .with_since(Some(h.since))
         });
         Ok(Some(LockInfo::new(holder, Some(entry.waiters.len()))))
+    }
+
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        let now = crate::backend::now();
+        let st = lock(&self.state);
+        let names = st
+            .locks
+            .iter()
+            .filter(|(name, e)| {
+                name.starts_with(prefix)
+                    && (e.holder.as_ref().is_some_and(|h| h.expires > now) || !e.waiters.is_empty())
+            })
+            .map(|(name, _)| name.clone())
+            .take(limit)
+            .collect();
+        Ok(Some(names))
     }
 }
 

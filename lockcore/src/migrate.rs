@@ -63,7 +63,8 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{
-    now, AcquireRequest, Backend, BackendLease, Grant, LockInfo, Released, Renewal,
+    now, AcquireRequest, Backend, BackendLease, Grant, HolderInfo, LockInfo, Released, Renewal,
+    Role,
 };
 use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind};
 use crate::cleanup::CleanupOnDrop;
@@ -700,6 +701,41 @@ impl Backend for Migrating {
         }
         Ok(Some(LockInfo::new(new_holder.or(old_holder), waiters)))
     }
+
+    /// The names either backend lists (once each); `None` when neither can
+    /// list.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        let (old, new) = tokio::join!(self.old.list(prefix, limit), self.new.list(prefix, limit));
+        let (old, new) = (old?, new?);
+        if old.is_none() && new.is_none() {
+            return Ok(None);
+        }
+        let mut names: Vec<String> = new.into_iter().chain(old).flatten().collect();
+        names.sort();
+        names.dedup();
+        names.truncate(limit);
+        Ok(Some(names))
+    }
+
+    /// The new backend's holders (tokens offset), else the old one's
+    /// (without tokens, as [`inspect`](Backend::inspect) reports them).
+    async fn inspect_role(&self, name: &str, role: Role) -> Result<Option<Vec<HolderInfo>>> {
+        let fencing = self.capabilities().fencing;
+        if let Some(mut holders) = self.new.inspect_role(name, role).await? {
+            if !holders.is_empty() {
+                for h in &mut holders {
+                    h.fence = offset_fence(h.fence, self.offset, fencing)?;
+                }
+                return Ok(Some(holders));
+            }
+        }
+        Ok(self.old.inspect_role(name, role).await?.map(|mut holders| {
+            for h in &mut holders {
+                h.fence = None;
+            }
+            holders
+        }))
+    }
 }
 
 /// The two leases of a migrating lock. Their renewals and releases take
@@ -849,6 +885,22 @@ impl Backend for OffsetFences {
             h.fence = offset_fence(h.fence, self.offset, self.inner.capabilities().fencing)?;
         }
         Ok(Some(info))
+    }
+
+    /// As the inner backend's.
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+        self.inner.list(prefix, limit).await
+    }
+
+    /// As the inner backend's, with the holders' tokens shifted.
+    async fn inspect_role(&self, name: &str, role: Role) -> Result<Option<Vec<HolderInfo>>> {
+        let Some(mut holders) = self.inner.inspect_role(name, role).await? else {
+            return Ok(None);
+        };
+        for h in &mut holders {
+            h.fence = offset_fence(h.fence, self.offset, self.inner.capabilities().fencing)?;
+        }
+        Ok(Some(holders))
     }
 }
 

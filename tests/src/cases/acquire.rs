@@ -292,3 +292,68 @@ pub async fn waiters_do_not_starve_other_names(ctx: Ctx) {
         .await
         .expect("release");
 }
+
+/// What another client reads of a name ([`lockcore::Locker::holdings`]):
+/// the lock's holder with its token, a semaphore's permits, a read-write
+/// lock's reader and then its writer; and the name among those listed
+/// under its prefix ([`lockcore::Locker::held`]) where the backend lists.
+/// Released, it reads free and is no longer listed.
+pub async fn holdings_name_every_primitive(ctx: Ctx) {
+    let (l, other) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("holdings");
+    let fenced = ctx.caps.has_fencing();
+    let g = must_try(&l, &name).await;
+    let h = other.holdings(&name).await.expect("holdings");
+    let lock = h.lock.clone().expect("the lock's holder");
+    if fenced {
+        assert_eq!(lock.fence, g.fence(), "the holder's token");
+    }
+    let sem = (ctx.caps.semaphore_layout != lockcore::Layout::Unsupported)
+        .then(|| lockcore::Semaphore::new(&l, &name, 2).expect("semaphore"));
+    let permit = match &sem {
+        Some(s) => Some(s.try_acquire().await.expect("try").expect("a free permit")),
+        None => None,
+    };
+    let rw = (ctx.caps.rw_layout != lockcore::Layout::Unsupported)
+        .then(|| lockcore::RwLock::new(&l, &name).expect("rwlock"));
+    let reader = match &rw {
+        Some(rw) => Some(rw.try_read().await.expect("try").expect("no writer")),
+        None => None,
+    };
+    let h = other.holdings(&name).await.expect("holdings");
+    assert_eq!(h.permits.len(), usize::from(permit.is_some()), "{h:?}");
+    assert_eq!(h.readers.len(), usize::from(reader.is_some()), "{h:?}");
+    assert!(h.writer.is_none(), "{h:?}");
+    if let Some(r) = reader {
+        r.release().await.expect("release");
+    }
+    let writer = match &rw {
+        Some(rw) => Some(rw.try_write().await.expect("try").expect("no reader")),
+        None => None,
+    };
+    let h = other.holdings(&name).await.expect("holdings");
+    assert_eq!(h.writer.is_some(), writer.is_some(), "{h:?}");
+    assert!(
+        h.readers.is_empty(),
+        "a writer's slots shown as readers: {h:?}"
+    );
+    let prefix = ctx.name("holdings");
+    if let Some(listed) = other.held(&prefix, 10).await.expect("held") {
+        assert!(
+            listed.iter().any(|x| x.name == name && x.lock.is_some()),
+            "{name:?} is not listed: {listed:?}"
+        );
+    }
+    if let Some(p) = permit {
+        p.release().await.expect("release");
+    }
+    if let Some(w) = writer {
+        w.release().await.expect("release");
+    }
+    g.release().await.expect("release");
+    let h = other.holdings(&name).await.expect("holdings");
+    assert!(h.is_free(), "{h:?}");
+    if let Some(listed) = other.held(&prefix, 10).await.expect("held") {
+        assert!(listed.iter().all(|x| x.name != name), "{listed:?}");
+    }
+}

@@ -91,6 +91,10 @@ fn unless_rwlock(c: &Ctx) -> Option<&'static str> {
 pub fn cases() -> Vec<Case> {
     vec![
         case!(acquire::basic_acquire_release),
+        case!(acquire::holdings_name_every_primitive, |c| (!c
+            .caps
+            .inspect)
+            .then_some("the backend cannot inspect")),
         case!(acquire::try_on_held_name_is_not_acquired),
         case!(acquire::wait_with_timeout_ends_near_deadline),
         case!(acquire::release_wakes_waiter_quickly),

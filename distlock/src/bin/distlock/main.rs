@@ -16,8 +16,10 @@ mod bench;
 mod exit;
 mod inspect;
 mod leader;
+mod ls;
 mod out;
 mod run;
+mod show;
 mod supervise;
 
 use std::process::ExitCode;
@@ -52,7 +54,7 @@ struct Cli {
 enum Command {
     /// Run a command while holding a lock, renewing it; stop the command if the lease is lost.
     #[command(
-        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 run --wait 30s nightly-report -- ./report.sh\n  distlock run --permits 4 crawlers -- ./crawl.sh      (DISTLOCK_URL set)\n  distlock run --shared config -- ./read-config.sh"
+        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 run --wait 30s nightly-report -- ./report.sh\n  distlock run --permits 4 crawlers -- ./crawl.sh      (DISTLOCK_URL set)\n  distlock run -s config -- ./read-config.sh      (a reader of the read-write lock config)\n  distlock run -x config -- ./write-config.sh     (its writer)\n  distlock run --name -odd-name -- ./job.sh       (a name that starts with -)"
     )]
     Run(run::Args),
     /// Run a command while leading an election, with a value observers see; stop it when leadership is lost.
@@ -65,16 +67,34 @@ enum Command {
         after_help = "Examples:\n  distlock --url zk://127.0.0.1:2181 leader scheduler\n  distlock leader --watch scheduler      (DISTLOCK_URL set)"
     )]
     Leader(leader::Args),
-    /// Show who holds a lock (owner, fencing token, remaining ttl) and its waiters.
+    /// Show what is held on a name: the lock or leader, a semaphore's permits, a read-write lock's readers and writer.
     #[command(
-        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 inspect nightly-report\n  distlock --url 'migrate:redis://r:6379|zk://z:2181' inspect --json nightly-report   (the phase-3 check)"
+        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 inspect nightly-report\n  distlock inspect --permits 4 crawlers      (DISTLOCK_URL set)\n  distlock --url 'migrate:redis://r:6379|zk://z:2181' inspect --json nightly-report   (the phase-3 check)\n\nJSON (--json): {name, backend, held (anything held), holder (the lock's or the leader's, or null),\n  waiters, permits: [{slot, holder}], permits_total (--permits), readers: [holder],\n  writer: {holder, writing} or null, migration (migrate: URLs only)}; a holder is {owner, fence,\n  ttl_remaining_ms, value, since_unix_ms, age_ms}, each null where the backend cannot tell."
     )]
     Inspect(inspect::Args),
+    /// List the names held on the backend (lock, leader, permit, reader, writer), with owner, fence, age and ttl.
+    #[command(
+        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 ls\n  distlock ls --limit 20 --json jobs/      (DISTLOCK_URL set)"
+    )]
+    Ls(ls::Args),
     /// Measure a backend: uncontended and contended throughput, hand-off latency, many leases held.
     #[command(
         after_help = "Example:\n  distlock --url redis://127.0.0.1:6379 bench --duration 3s --json"
     )]
     Bench(bench::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(
+        after_help = "Examples:\n  distlock completions bash > /etc/bash_completion.d/distlock\n  distlock completions zsh > \"${fpath[1]}/_distlock\"\n  distlock completions fish > ~/.config/fish/completions/distlock.fish"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), generated from this help.
+    #[command(
+        after_help = "Example:\n  distlock man > /usr/local/share/man/man1/distlock.1 && man distlock"
+    )]
+    Man,
     /// (Internal) the supervisor `run` starts the command under.
     #[command(name = "__supervise", hide = true)]
     Supervise(supervise::Args),
@@ -105,6 +125,25 @@ impl NameArg {
             .or(self.positional.as_deref())
             .unwrap_or_default()
     }
+}
+
+/// Prints the completion script for `shell`; returns the exit code.
+fn completions(shell: clap_complete::Shell) -> u8 {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "distlock", &mut script);
+    out::print(String::from_utf8_lossy(&script).trim_end())
+}
+
+/// Prints the manual page; returns the exit code.
+fn man() -> u8 {
+    use clap::CommandFactory;
+    let mut page = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(Cli::command()).render(&mut page) {
+        out::fail(&e);
+        return exit::SOFTWARE;
+    }
+    out::print(String::from_utf8_lossy(&page).trim_end())
 }
 
 fn init_logging(verbose: u8) {
@@ -140,8 +179,11 @@ fn main() -> ExitCode {
         }
     };
     init_logging(cli.verbose);
-    if let Command::Supervise(args) = cli.command {
-        return ExitCode::from(supervise::supervise(args));
+    match cli.command {
+        Command::Supervise(args) => return ExitCode::from(supervise::supervise(args)),
+        Command::Completions { shell } => return ExitCode::from(completions(shell)),
+        Command::Man => return ExitCode::from(man()),
+        _ => {}
     }
     let Some(url) = cli.url else {
         eprintln!("distlock: no backend: pass --url URL or set DISTLOCK_URL (e.g. redis://127.0.0.1:6379)");
@@ -197,12 +239,13 @@ fn main() -> ExitCode {
             }
         };
         match cli.command {
-            Command::Run(args) => run::run(locker, args).await,
-            Command::Elect(args) => run::elect(locker, args).await,
+            Command::Run(args) => run::run(locker, args, cli.verbose > 0).await,
+            Command::Elect(args) => run::elect(locker, args, cli.verbose > 0).await,
             Command::Leader(args) => leader::leader(locker, args).await,
             Command::Inspect(args) => inspect::inspect(locker, pair, args).await,
+            Command::Ls(args) => ls::ls(locker, args).await,
             Command::Bench(args) => bench::bench(locker, &url, args).await,
-            Command::Supervise(_) => exit::SOFTWARE,
+            Command::Supervise(_) | Command::Completions { .. } | Command::Man => exit::SOFTWARE,
         }
     });
     ExitCode::from(code)

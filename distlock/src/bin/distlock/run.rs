@@ -208,30 +208,33 @@ impl Signals {
 }
 
 /// Runs the command under the lock; returns the exit code.
-pub(crate) async fn run(locker: Locker, args: Args) -> u8 {
+/// `tell`: say who holds the name while waiting for it (`--verbose`; also
+/// when stderr is a terminal).
+pub(crate) async fn run(locker: Locker, args: Args, tell: bool) -> u8 {
     let take = match (args.permits, args.shared, args.exclusive) {
         (Some(n), _, _) => Take::Permits(n),
         (None, true, _) => Take::Shared,
         (None, false, true) => Take::Exclusive,
         (None, false, false) => Take::Lock,
     };
-    supervised(locker, &args.common, &take).await
+    supervised(locker, &args.common, &take, tell).await
 }
 
 /// Runs the command while leading the election; returns the exit code.
-pub(crate) async fn elect(locker: Locker, args: ElectArgs) -> u8 {
-    supervised(locker, &args.common, &Take::Elect(args.value)).await
+pub(crate) async fn elect(locker: Locker, args: ElectArgs, tell: bool) -> u8 {
+    supervised(locker, &args.common, &Take::Elect(args.value), tell).await
 }
 
 /// Runs the command under what `take` says; returns the exit code.
-async fn supervised(locker: Locker, args: &Common, take: &Take) -> u8 {
-    let code = run_inner(locker, args, take).await;
+async fn supervised(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8 {
+    let tell = tell || std::io::stderr().is_terminal();
+    let code = run_inner(locker, args, take, tell).await;
     // Undo what a dropped acquisition or guard left, before the runtime goes.
     distlock::cleanup::flush(FLUSH).await;
     code
 }
 
-async fn run_inner(locker: Locker, args: &Common, take: &Take) -> u8 {
+async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8 {
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
@@ -280,12 +283,25 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take) -> u8 {
             ),
         }
     };
-    let acquired = tokio::select! {
-        r = taking => r,
-        sig = signals.recv() => {
-            // Dropping the acquisition undoes it (flushed before exit).
-            eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name.get());
-            return signal_exit(sig);
+    // Once the name is found held, say by whom (and since when).
+    let notice = async {
+        if !tell || wait == Wait::Try {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(NOTICE_AFTER).await;
+        notice_holder(&locker, args.name.get(), take).await;
+    };
+    tokio::pin!(taking, notice);
+    let mut noticed = false;
+    let acquired = loop {
+        tokio::select! {
+            r = &mut taking => break r,
+            sig = signals.recv() => {
+                // Dropping the acquisition undoes it (flushed before exit).
+                eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name.get());
+                return signal_exit(sig);
+            }
+            () = &mut notice, if !noticed => noticed = true,
         }
     };
     let guard = match acquired {
@@ -332,6 +348,50 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take) -> u8 {
         }
     }
     code
+}
+
+/// How long an acquisition runs before `--verbose` says who holds the name.
+const NOTICE_AFTER: Duration = Duration::from_millis(300);
+
+/// Says on stderr who holds what `take` waits for on `name`, and since
+/// when, as the server tells.
+async fn notice_holder(locker: &Locker, name: &str, take: &Take) {
+    let h = match locker.holdings(name).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read who holds the name");
+            return;
+        }
+    };
+    let who = match take {
+        Take::Lock | Take::Elect(_) => h.lock.as_ref().map(crate::show::line),
+        Take::Permits(n) => h.permits.first().map(|p| {
+            format!(
+                "{} of {n} permits held, the first by {}",
+                h.permits.len(),
+                crate::show::line(&p.holder)
+            )
+        }),
+        Take::Shared => h
+            .writer
+            .as_ref()
+            .map(|w| format!("the writer {}", crate::show::line(&w.holder))),
+        Take::Exclusive => match (&h.writer, h.readers.first()) {
+            (Some(w), _) => Some(format!("the writer {}", crate::show::line(&w.holder))),
+            (None, Some(r)) => Some(format!(
+                "{} readers, the first {}",
+                h.readers.len(),
+                crate::show::line(r)
+            )),
+            (None, None) => None,
+        },
+    };
+    match who {
+        Some(who) => eprintln!("distlock: waiting for {name:?}: held by {who}"),
+        None => {
+            eprintln!("distlock: waiting for {name:?} (its holder was not readable or just left)")
+        }
+    }
 }
 
 /// 128 + the signal's number, as a shell reports it.

@@ -1,0 +1,294 @@
+//! What the server holds on a name, whichever primitive holds it (a lock or
+//! an election's leadership, a semaphore's permits, a read-write lock's
+//! readers and writer), and the names held under a prefix: what `distlock
+//! inspect` and `distlock ls` show.
+//!
+//! In the built layout a primitive is made of ordinary locks with part
+//! names (see [`crate::semaphore`] and [`crate::rwlock`]): they are found by
+//! listing the name's parts ([`Backend::list`](crate::Backend::list)) and inspected one by one.
+//! In a backend's own layout ([`Layout::Native`]) the backend tells the
+//! holders itself ([`Backend::inspect_role`](crate::Backend::inspect_role)). Each part is read at its own
+//! instant: a report of several parts is not one snapshot.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> lockcore::Result<()> {
+//! use lockcore::{Locker, Semaphore};
+//!
+//! let locker = Locker::memory();
+//! let sem = Semaphore::new(&locker, "crawlers", 4)?;
+//! let p = sem.try_acquire().await?.expect("free");
+//! let h = locker.holdings("crawlers").await?;
+//! assert_eq!(h.permits.len(), 1);
+//! assert!(h.lock.is_none() && h.readers.is_empty() && h.writer.is_none());
+//! let names = locker.held("craw", 10).await?.expect("memory lists");
+//! assert_eq!(names[0].name, "crawlers");
+//! p.release().await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+
+use futures_util::future::try_join_all;
+
+use crate::backend::{HolderInfo, Role};
+use crate::capabilities::Layout;
+use crate::name::{validate_name, PART_SEPARATOR};
+use crate::rwlock::MAX_READERS;
+use crate::{Locker, Result};
+
+/// How many part names [`Locker::holdings`] lists for one name at most.
+const MAX_PARTS: usize = 4096;
+
+/// A permit held of a semaphore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitHolder {
+    /// The permit's slot in the built layout; `None` in a native one.
+    pub slot: Option<u32>,
+    /// Its holder.
+    pub holder: HolderInfo,
+}
+
+/// The writer of a read-write lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriterHolder {
+    /// Its holder (in the built layout, the holder of the writers' gate).
+    pub holder: HolderInfo,
+    /// Whether it writes now; `false` while it waits for the readers inside
+    /// to leave (built layout: it holds the gate but not yet every reader
+    /// slot).
+    pub writing: bool,
+}
+
+/// What the server holds on one name, in every primitive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holdings {
+    /// The name.
+    pub name: String,
+    /// The holder of the lock NAME: a plain lock's, or an election's leader
+    /// (its [`value`](HolderInfo::value) is the leader's, its fence the
+    /// term).
+    pub lock: Option<HolderInfo>,
+    /// Waiters for the lock NAME, where the backend can count them.
+    pub waiters: Option<usize>,
+    /// The permits held of the semaphore NAME.
+    pub permits: Vec<PermitHolder>,
+    /// The writer of the read-write lock NAME.
+    pub writer: Option<WriterHolder>,
+    /// The readers of the read-write lock NAME. In the built layout, while
+    /// a writer waits for the readers inside, the slots it has taken show
+    /// here too.
+    pub readers: Vec<HolderInfo>,
+}
+
+impl Holdings {
+    /// Whether nothing is held on the name.
+    pub fn is_free(&self) -> bool {
+        self.lock.is_none()
+            && self.permits.is_empty()
+            && self.writer.is_none()
+            && self.readers.is_empty()
+    }
+}
+
+/// The name a part name belongs to (the name itself for a whole name).
+fn base_of(name: &str) -> &str {
+    name.split(PART_SEPARATOR).next().unwrap_or(name)
+}
+
+impl Locker {
+    /// What the server holds on `name`: the lock (or election), the
+    /// semaphore's permits and the read-write lock's readers and writer.
+    ///
+    /// On a backend that can neither list nor inspect, everything is
+    /// reported free; [`Locker::capabilities`] and [`Locker::inspect`] tell.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidName`](crate::ErrorKind::InvalidName); the
+    /// backend's [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn holdings(&self, name: &str) -> Result<Holdings> {
+        validate_name(self.backend_name(), name)?;
+        let parts = self
+            .backend()
+            .list(name, MAX_PARTS)
+            .await
+            .map_err(|e| e.or_name(name))?
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| base_of(n) == name && n != name)
+            .collect::<Vec<_>>();
+        self.holdings_of(name, &parts).await
+    }
+
+    /// The names held under `prefix` (at most `limit`), each with what
+    /// [`Locker::holdings`] says of it, by name; `Ok(None)` when the
+    /// backend cannot list. A name released between the listing and its
+    /// inspection is left out.
+    ///
+    /// # Errors
+    ///
+    /// The backend's [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn held(&self, prefix: &str, limit: usize) -> Result<Option<Vec<Holdings>>> {
+        // A semaphore's or read-write lock's parts are listed one by one:
+        // ask for more than `limit` names, to have `limit` whole ones.
+        let asked = limit.saturating_mul(4).max(limit).min(MAX_PARTS.max(limit));
+        let Some(listed) = self.backend().list(prefix, asked).await? else {
+            return Ok(None);
+        };
+        let mut by_name: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for n in &listed {
+            let parts = by_name.entry(base_of(n)).or_default();
+            if base_of(n) != n {
+                parts.push(n.clone());
+            }
+        }
+        let mut out = Vec::new();
+        for (name, parts) in by_name.into_iter().take(limit) {
+            let h = self.holdings_of(name, &parts).await?;
+            if !h.is_free() {
+                out.push(h);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The holdings of `name` whose built-layout parts are `parts`.
+    async fn holdings_of(&self, name: &str, parts: &[String]) -> Result<Holdings> {
+        let backend = self.backend();
+        let caps = backend.capabilities();
+        let in_part = |e: crate::Error| e.or_name(name);
+        let info = backend.inspect(name).await.map_err(in_part)?;
+        let mut h = Holdings {
+            name: name.to_owned(),
+            lock: info.as_ref().and_then(|i| i.holder.clone()),
+            waiters: info.and_then(|i| i.waiters),
+            ..Holdings::default()
+        };
+        // Every listed part, inspected: (part, holder).
+        let read = try_join_all(parts.iter().map(|p| async move {
+            let holder = backend.inspect(p).await?.and_then(|i| i.holder);
+            Ok::<_, crate::Error>((p.as_str(), holder))
+        }))
+        .await
+        .map_err(in_part)?;
+        let suffix = |p: &str, tail: &str| {
+            p.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(PART_SEPARATOR))
+                .and_then(|r| r.strip_prefix(tail))
+                .and_then(|n| n.parse::<u32>().ok())
+        };
+        let read_slot = format!("read{PART_SEPARATOR}permit-");
+        let gate = format!("{name}{PART_SEPARATOR}write");
+        let mut gate_holder = None;
+        for (part, holder) in read {
+            let Some(holder) = holder else { continue };
+            if let Some(slot) = suffix(part, "permit-") {
+                h.permits.push(PermitHolder {
+                    slot: Some(slot),
+                    holder,
+                });
+            } else if suffix(part, &read_slot).is_some() {
+                h.readers.push(holder);
+            } else if part == gate {
+                gate_holder = Some(holder);
+            }
+        }
+        h.permits.sort_by_key(|p| p.slot);
+        if let Some(holder) = gate_holder {
+            // The writer holds the gate, then takes every reader slot.
+            let writing = h.readers.len() >= MAX_READERS as usize;
+            if writing {
+                h.readers.clear();
+            }
+            h.writer = Some(WriterHolder { holder, writing });
+        }
+        if caps.semaphore_layout == Layout::Native {
+            if let Some(permits) = backend
+                .inspect_role(name, Role::Permit)
+                .await
+                .map_err(in_part)?
+            {
+                h.permits.extend(
+                    permits
+                        .into_iter()
+                        .map(|holder| PermitHolder { slot: None, holder }),
+                );
+            }
+        }
+        if caps.rw_layout == Layout::Native {
+            if let Some(readers) = backend
+                .inspect_role(name, Role::Reader)
+                .await
+                .map_err(in_part)?
+            {
+                h.readers.extend(readers);
+            }
+            if let Some(writer) = backend
+                .inspect_role(name, Role::Writer)
+                .await
+                .map_err(in_part)?
+                .and_then(|w| w.into_iter().next())
+            {
+                h.writer = Some(WriterHolder {
+                    holder: writer,
+                    writing: true,
+                });
+            }
+        }
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::{RwLock, Semaphore};
+
+    #[tokio::test]
+    async fn every_primitive_on_a_name_is_reported() {
+        let locker = Locker::memory();
+        assert!(locker.holdings("h").await.unwrap().is_free());
+        let g = locker.try_lock("h").await.unwrap().unwrap();
+        let sem = Semaphore::new(&locker, "h", 3).unwrap();
+        let (p1, p2) = (
+            sem.try_acquire().await.unwrap().unwrap(),
+            sem.try_acquire().await.unwrap().unwrap(),
+        );
+        let rw = RwLock::new(&locker, "h").unwrap();
+        let r = rw.try_read().await.unwrap().unwrap();
+        let h = locker.holdings("h").await.unwrap();
+        assert_eq!(h.lock.as_ref().and_then(|l| l.fence), g.fence());
+        assert_eq!(h.permits.len(), 2);
+        assert_eq!(h.readers.len(), 1);
+        assert!(h.writer.is_none());
+        r.release().await.unwrap();
+        let w = rw.try_write().await.unwrap().unwrap();
+        let h = locker.holdings("h").await.unwrap();
+        let writer = h.writer.expect("a writer");
+        assert!(writer.writing && h.readers.is_empty());
+        assert_eq!(writer.holder.fence, w.fence());
+        assert!(h.lock.unwrap().since.is_some());
+        let listed = locker.held("", 10).await.unwrap().unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        for x in [p1, p2] {
+            x.release().await.unwrap();
+        }
+        w.release().await.unwrap();
+        g.release().await.unwrap();
+        assert!(locker.holdings("h").await.unwrap().is_free());
+        assert!(locker.held("h", 10).await.unwrap().unwrap().is_empty());
+    }
+}
