@@ -583,40 +583,52 @@ impl Backend for EtcdBackend {
     }
 
     /// The names with a key under the prefix (holders and waiters), read in
-    /// one range request of keys only.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    /// one range request of keys only (two for the prefixes `.` and `..`,
+    /// whose own segment is escaped while their longer names' are not).
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let root = if self.inner.prefix.is_empty() {
             String::new()
         } else {
             format!("{}/", self.inner.prefix)
         };
-        let start = format!("{root}{}", lockcore::name::encode_segment(prefix));
-        let mut kv = self.inner.client.kv_client();
-        let opts = GetOptions::new()
-            .with_prefix()
-            .with_keys_only()
-            .with_sort(SortTarget::Key, SortOrder::Ascend)
-            .with_limit(i64::try_from(limit.saturating_mul(8)).unwrap_or(i64::MAX));
-        let resp = self
-            .request(
-                self.inner.request_timeout,
-                "listing the lock keys",
-                false,
-                kv.get(start, Some(opts)),
-            )
-            .await?;
-        let mut names: Vec<String> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
+        // Character by character, as in a longer name; and the name's own
+        // segment where it differs (`.`, `..`).
+        let longer = lockcore::name::encode_segment(&format!("{prefix}x")).into_owned();
+        let by_chars = longer.strip_suffix('x').unwrap_or(&longer).to_owned();
+        let whole = lockcore::name::encode_segment(prefix).into_owned();
+        let mut starts = vec![format!("{root}{by_chars}")];
+        if whole != by_chars {
+            starts.push(format!("{root}{whole}/"));
+        }
+        let asked = limit.saturating_add(1).saturating_mul(8);
+        let mut names = Vec::new();
+        let mut complete = true;
+        for start in starts {
+            let mut kv = self.inner.client.kv_client();
+            let opts = GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Key, SortOrder::Ascend)
+                .with_limit(i64::try_from(asked).unwrap_or(i64::MAX));
+            let resp = self
+                .request(
+                    self.inner.request_timeout,
+                    "listing the lock keys",
+                    false,
+                    kv.get(start, Some(opts)),
+                )
+                .await?;
+            complete &= !resp.more();
+            names.extend(resp.kvs().iter().filter_map(|kv| {
                 let key = String::from_utf8_lossy(kv.key());
                 let seg = key.strip_prefix(root.as_str())?.split_once('/')?.0;
-                lockcore::name::decode_segment(seg)
-            })
-            .filter(|n| n.starts_with(prefix))
-            .collect();
+                lockcore::name::decode_segment(seg).filter(|n| n.starts_with(prefix))
+            }));
+        }
+        names.sort();
         names.dedup();
-        names.truncate(limit);
-        Ok(Some(names))
+        let mut listing = Listing::bounded(names, limit);
+        listing.complete &= complete;
+        Ok(Some(listing))
     }
 }

@@ -401,7 +401,7 @@ impl Backend for MysqlBackend {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         self.held_names(prefix, limit).await
     }
 

@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use lockcore::backend::{HolderInfo, Role};
+use lockcore::backend::{HolderInfo, Listing, Role};
 use lockcore::{Layout, Result};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -92,7 +92,8 @@ impl MysqlBackend {
     /// rows are probed in one request ([`Sql::rows_probe`]). Rows are
     /// never deleted, so free names outnumber held ones: the listing stops
     /// after [`MAX_PAGES`] pages (between 2 048 and 16 384 rows, by
-    /// `limit`), and a held name beyond them is not listed. A waiter is
+    /// `limit`), and a held name beyond them is not listed (the listing
+    /// says it is not complete). A waiter is
     /// not seen (only the rows held); a row locked for a moment by
     /// another probe or an insert shows held that moment.
     ///
@@ -104,14 +105,10 @@ impl MysqlBackend {
     ///
     /// Cancel safe: it only reads (a probe's locks end with its
     /// connection, which is closed when dropped mid-request).
-    pub(crate) async fn held_names(
-        &self,
-        prefix: &str,
-        limit: usize,
-    ) -> Result<Option<Vec<String>>> {
+    pub(crate) async fn held_names(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let mut names = BTreeSet::new();
         if limit == 0 {
-            return Ok(Some(Vec::new()));
+            return Ok(Some(Listing::new(Vec::new(), false)));
         }
         let end = prefix_end(prefix.as_bytes());
         let page = limit.saturating_mul(4).clamp(MIN_PAGE, MAX_PAGE);
@@ -119,7 +116,7 @@ impl MysqlBackend {
         for _ in 0..MAX_PAGES {
             let rows = self.rows_from(&from, &end, page).await?;
             let Some(last) = rows.last() else {
-                return Ok(Some(names.into_iter().collect()));
+                return Ok(Some(Listing::new(names.into_iter().collect(), true)));
             };
             // Just past the last row: the next page starts there.
             from.clone_from(last);
@@ -133,13 +130,13 @@ impl MysqlBackend {
                 };
                 if let Some(name) = name_of_row(&row).filter(|n| n.starts_with(prefix)) {
                     names.insert(name.to_owned());
-                    if names.len() >= limit {
-                        return Ok(Some(names.into_iter().collect()));
+                    if names.len() > limit {
+                        return Ok(Some(Listing::bounded(names.into_iter().collect(), limit)));
                     }
                 }
             }
             if rows.len() < page {
-                return Ok(Some(names.into_iter().collect()));
+                return Ok(Some(Listing::bounded(names.into_iter().collect(), limit)));
             }
         }
         tracing::debug!(
@@ -147,7 +144,11 @@ impl MysqlBackend {
             rows = MAX_PAGES * page,
             "listing stopped after its last page; held names beyond it were not looked at"
         );
-        Ok(Some(names.into_iter().collect()))
+        // Not complete: held names beyond the last page were not looked at.
+        Ok(Some(Listing::new(
+            names.into_iter().take(limit).collect(),
+            false,
+        )))
     }
 
     /// Up to `page` lock rows from `from` (included) to `end` (excluded),

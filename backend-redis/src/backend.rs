@@ -271,22 +271,23 @@ impl Backend for RedisBackend {
 
     /// The lock keys under the prefix (`SCAN`, on every master of a
     /// cluster), as names.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let pattern = crate::scripts::scan_pattern(&self.cfg.prefix, prefix);
         let key_prefix = self.cfg.prefix.clone();
         let keys = self
             .conn
-            .scan(&pattern, limit, |k| {
+            .scan(&pattern, limit.saturating_add(1), |k| {
                 crate::scripts::name_of_key(&key_prefix, k).is_some()
             })
             .await
             .map_err(|e| map_err(e, "list", &self.server, false))?;
-        Ok(Some(
+        Ok(Some(Listing::bounded(
             keys.iter()
                 .filter_map(|k| crate::scripts::name_of_key(&self.cfg.prefix, k))
                 .filter(|n| n.starts_with(prefix))
                 .collect(),
-        ))
+            limit,
+        )))
     }
 }
 

@@ -362,13 +362,19 @@ async fn scan_one(
             .arg(pattern)
             .arg("COUNT")
             .arg(1000);
-        let (next, keys): (u64, Vec<String>) = match c {
+        // Keys as bytes: another program's key need not be UTF-8 (and is
+        // not a lock key of this library then).
+        let (next, keys): (u64, Vec<Vec<u8>>) = match c {
             Scanned::Single(c) => cmd.query_async(*c).await?,
             Scanned::Node(c, route) => {
                 redis::from_redis_value(c.route_command(cmd, route.clone()).await?)?
             }
         };
-        found.extend(keys.into_iter().filter(|k| keep(k)));
+        found.extend(
+            keys.into_iter()
+                .filter_map(|k| String::from_utf8(k).ok())
+                .filter(|k| keep(k)),
+        );
         if next == 0 || found.len() >= limit {
             found.truncate(limit);
             return Ok(());

@@ -627,7 +627,7 @@ impl Backend for RedLockBackend {
     /// The names whose lock key any instance that answers has (a majority
     /// must answer); [`inspect`](Backend::inspect) tells which a majority
     /// holds.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let pattern = crate::scripts::scan_pattern(&self.cfg.prefix, prefix);
         let time = self.cfg.response_timeout * 4;
         let key_prefix = self.cfg.prefix.as_str();
@@ -636,7 +636,7 @@ impl Backend for RedLockBackend {
             let pattern = pattern.as_str();
             async move {
                 let keep = |k: &str| crate::scripts::name_of_key(key_prefix, k).is_some();
-                tokio::time::timeout(time, c.scan(pattern, limit, keep))
+                tokio::time::timeout(time, c.scan(pattern, limit.saturating_add(1), keep))
                     .await
                     .ok()
                     .and_then(std::result::Result::ok)
@@ -656,8 +656,7 @@ impl Backend for RedLockBackend {
             .collect();
         names.sort();
         names.dedup();
-        names.truncate(limit);
-        Ok(Some(names))
+        Ok(Some(Listing::bounded(names, limit)))
     }
 }
 

@@ -161,8 +161,9 @@ impl Keys {
 }
 
 /// The `SCAN` pattern of the lock keys of names starting with `prefix`
-/// (glob characters escaped). Names that start with `}` live under
-/// `<key prefix>#{...}` and are not matched by a non-empty `prefix`.
+/// (glob characters escaped): `<key prefix>{<prefix>*`, or for a prefix
+/// that starts with `}` (such names live under `<key prefix>#{<hex>}`, see
+/// [`Keys`]) `<key prefix>#{<prefix in hex>*`, hex being byte by byte.
 pub(crate) fn scan_pattern(key_prefix: &str, prefix: &str) -> String {
     let escape = |s: &str| {
         s.chars().fold(String::new(), |mut out, c| {
@@ -175,6 +176,9 @@ pub(crate) fn scan_pattern(key_prefix: &str, prefix: &str) -> String {
     };
     if prefix.is_empty() {
         format!("{}*", escape(key_prefix))
+    } else if prefix.starts_with('}') {
+        let hex: String = prefix.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{}#{{{hex}*", escape(key_prefix))
     } else {
         format!("{}{{{}*", escape(key_prefix), escape(prefix))
     }

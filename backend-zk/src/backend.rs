@@ -669,11 +669,12 @@ impl Backend for ZkBackend {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let session = self.session(lockcore::DEFAULT_TTL).await?;
-        crate::listing::held_names(&session, &self.cfg, prefix, limit)
-            .await
-            .map(Some)
+        let names =
+            crate::listing::held_names(&session, &self.cfg, prefix, limit.saturating_add(1))
+                .await?;
+        Ok(Some(Listing::bounded(names, limit)))
     }
 
     /// The readers holding now (`__READ__` nodes before the first writer),

@@ -285,10 +285,18 @@ async fn connect_one(url: &str) -> Result<Locker> {
         other => Err(Error::invalid_config(
             FACADE,
             format!(
-                "unknown lock URL scheme {other:?}: use memory://{}",
+                "unknown lock URL scheme {other:?}: use memory://{}, or migrate:OLD|NEW",
                 backends()
                     .iter()
-                    .map(|b| format!(", {}:// (feature `{}`)", b.schemes[0], b.feature))
+                    .map(|b| format!(
+                        ", {} (feature `{}`)",
+                        b.schemes
+                            .iter()
+                            .map(|s| format!("{s}://"))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                        b.feature
+                    ))
                     .collect::<String>()
             ),
         )),

@@ -453,12 +453,21 @@ async fn exclusive_writers_exclude_everyone(ctx: Ctx) {
         );
     }
     let rscript = format!("echo reader $(date +%s%N) >> {}", order.display());
-    let late = distlock(&ctx)
+    let mut late = distlock(&ctx)
         .args([
-            "run", "-s", "--wait", "60s", &name, "--", "sh", "-c", &rscript,
+            "-v", "run", "-s", "--wait", "60s", &name, "--", "sh", "-c", &rscript,
         ])
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // It waits (it says so) before the readers inside leave.
+    let mut said =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(late.stderr.take().unwrap()));
+    while let Some(line) = said.next_line().await.unwrap() {
+        if line.contains("waiting for") {
+            break;
+        }
+    }
     std::fs::write(&gate, b"").unwrap();
     for mut c in readers {
         assert!(c.wait().await.unwrap().success());
@@ -1238,8 +1247,14 @@ async fn inspect_and_ls_show_every_primitive(ctx: Ctx) {
         assert_eq!(kinds(&v, &elected), ["leader"], "{v}");
     }
     assert_eq!(v["truncated"], false, "{v}");
+    let full = ls_json(&ctx, &[&prefix]).await;
     let v = ls_json(&ctx, &["--limit", "1", &prefix]).await;
     assert_eq!(v["truncated"], true, "{v}");
+    assert_eq!(
+        kinds(&v, &name),
+        kinds(&full, &name),
+        "a name cut short: {v}"
+    );
     assert!(
         v["held"]
             .as_array()
@@ -1261,6 +1276,163 @@ async fn inspect_and_ls_show_every_primitive(ctx: Ctx) {
     assert_eq!(v["held"], false, "{v}");
     let v = ls_json(&ctx, &[&prefix]).await;
     assert_eq!(v["held"].as_array().map(Vec::len), Some(0), "{v}");
+}
+
+/// Names that backends store specially (Redis: a leading `}`; etcd: `.`
+/// and `..`) are inspected and listed like any other.
+async fn odd_names_are_inspected_and_listed(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let brace = format!("}}{}", ctx.name("brace"));
+    for name in [brace.as_str(), ".", ".."] {
+        let sem = distlock::Semaphore::new(&l, name, 3).unwrap();
+        let p = sem.try_acquire().await.unwrap().expect("a permit");
+        let rw = distlock::RwLock::new(&l, name).unwrap();
+        let r = rw.try_read().await.unwrap().expect("a reader");
+        let v = inspect_json(&ctx, &["--", name]).await;
+        assert_eq!(
+            v["permits"].as_array().map(Vec::len),
+            Some(1),
+            "{name:?}: {v}"
+        );
+        assert_eq!(
+            v["readers"].as_array().map(Vec::len),
+            Some(1),
+            "{name:?}: {v}"
+        );
+        let listed = ls_json(&ctx, &["--", name]).await;
+        assert!(
+            listed["held"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h["name"] == name),
+            "{name:?} not listed: {listed}"
+        );
+        p.release().await.unwrap();
+        r.release().await.unwrap();
+    }
+}
+
+/// A key another program wrote that is not UTF-8 (Redis allows any bytes)
+/// is passed over by `ls` and `inspect`, not an error.
+async fn foreign_binary_keys_are_passed_over(ctx: Ctx) {
+    if spec(&ctx).target != "cli-redis" {
+        return;
+    }
+    let hp = host_port(&(spec(&ctx).url)(&ctx.config));
+    let name = ctx.name("binary");
+    let mut key = format!("lock:{{{name}").into_bytes();
+    key.extend_from_slice(b"\xff\xfe}");
+    redis_raw(&hp, &[b"SET", &key, b"x"]);
+    let l = ctx.locker().await;
+    let g = l.lock(&name).await.unwrap();
+    let v = inspect_json(&ctx, &[&name]).await;
+    assert_eq!(v["held"], true, "{v}");
+    let v = ls_json(&ctx, &[&name]).await;
+    assert_eq!(v["held"].as_array().map(Vec::len), Some(1), "{v}");
+    g.release().await.unwrap();
+    redis_raw(&hp, &[b"DEL", &key]);
+}
+
+/// One Redis command with binary arguments; the first line of the reply.
+fn redis_raw(addr: &str, args: &[&[u8]]) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut req = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        req.extend_from_slice(a);
+        req.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&req).unwrap();
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).unwrap();
+    line.trim_end().to_owned()
+}
+
+/// A stderr that is closed or full loses messages; the exit code stays
+/// the one the table gives (no panic, no 101).
+async fn closed_stderr_keeps_the_exit_code(ctx: Ctx) {
+    let name = ctx.name("stderr");
+    let l = ctx.locker().await;
+    let g = l.lock(&name).await.unwrap();
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full");
+    for (args, want) in [
+        (vec!["run", "--no-wait", name.as_str(), "--", "true"], 75),
+        (vec!["--url", "redis://127.0.0.1:1", "inspect", "x"], 69),
+    ] {
+        let mut c = distlock(&ctx);
+        c.args(&args).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        drop(child.stderr.take());
+        let st = child.wait().await.unwrap();
+        assert_eq!(st.code(), Some(want), "{args:?}, stderr closed");
+        if let Some(f) = full.as_ref().ok().and_then(|f| f.try_clone().ok()) {
+            let st = distlock(&ctx).args(&args).stderr(f).status().await.unwrap();
+            assert_eq!(st.code(), Some(want), "{args:?}, stderr full");
+        }
+    }
+    g.release().await.unwrap();
+}
+
+/// MySQL keeps a row for every name ever used: a listing that stops
+/// after its last page before a held name says it may be incomplete.
+async fn a_listing_cut_short_says_so(ctx: Ctx) {
+    if spec(&ctx).target != "cli-mysql" {
+        return;
+    }
+    use sqlx::Connection;
+    let prefix = ctx.name("rows");
+    let mut db = sqlx::MySqlConnection::connect(&(spec(&ctx).url)(&ctx.config))
+        .await
+        .unwrap();
+    // 2100 free rows (more than `ls --limit 1` reads: 32 pages of 64)
+    // before the held one.
+    sqlx::query(
+        "INSERT IGNORE INTO lockcore_locks (name) \
+         SELECT CONCAT(?, '-a', LPAD(a.d * 1000 + b.d * 100 + c.d * 10 + e.d, 5, '0')) \
+         FROM (SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2) a, \
+         (SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
+          UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) b, \
+         (SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
+          UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) c, \
+         (SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
+          UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) e \
+         WHERE a.d * 1000 + b.d * 100 + c.d * 10 + e.d < 2100",
+    )
+    .bind(&prefix)
+    .execute(&mut db)
+    .await
+    .unwrap();
+    let last = format!("{prefix}-z");
+    let l = ctx.locker().await;
+    let g = l.lock(&last).await.unwrap();
+    let (rows,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM lockcore_locks WHERE name LIKE CONCAT(?, '-a%')")
+            .bind(&prefix)
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+    assert_eq!(rows, 2100);
+    let v = ls_json(&ctx, &["--limit", "1", &prefix]).await;
+    let listed = v["held"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|h| h["name"] == last);
+    assert!(
+        listed || v["truncated"] == true,
+        "held, not listed, not truncated: {v}"
+    );
+    g.release().await.unwrap();
+    sqlx::query("DELETE FROM lockcore_locks WHERE name LIKE CONCAT(?, '-a%')")
+        .bind(&prefix)
+        .execute(&mut db)
+        .await
+        .unwrap();
 }
 
 /// `run -v` says who holds the name it waits for, and since when.
@@ -1649,6 +1821,9 @@ async fn user_info_is_decoded_once(ctx: Ctx) {
     let twice = urls[0].replace("%40", "%2540");
     let (code, _, err) = with_url(&twice, &["inspect", "x"]).await;
     assert_eq!(code, Some(77), "{twice}: {err}");
+    if target == "cli-redis" {
+        redis_cmds(&hp, &[&["ACL", "DELUSER", "lockcore+cli"]]);
+    }
 }
 
 /// etcd endpoints as the etcd client writes them (`http://host:2379`) are
@@ -1780,6 +1955,18 @@ fn main() -> std::process::ExitCode {
             })
             .case("every_exit_code_in_the_table", |c| {
                 Box::pin(every_exit_code_in_the_table(c))
+            })
+            .case("odd_names_are_inspected_and_listed", |c| {
+                Box::pin(odd_names_are_inspected_and_listed(c))
+            })
+            .case("foreign_binary_keys_are_passed_over", |c| {
+                Box::pin(foreign_binary_keys_are_passed_over(c))
+            })
+            .case("closed_stderr_keeps_the_exit_code", |c| {
+                Box::pin(closed_stderr_keeps_the_exit_code(c))
+            })
+            .case("a_listing_cut_short_says_so", |c| {
+                Box::pin(a_listing_cut_short_says_so(c))
             })
             .case("names_starting_with_a_dash", |c| {
                 Box::pin(names_starting_with_a_dash(c))

@@ -201,7 +201,7 @@ pub mod prelude {
 
     pub use super::{
         now, validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease,
-        Deadline, Grant, HolderInfo, LockInfo, Mode, OwnerToken, Released, Renewal,
+        Deadline, Grant, HolderInfo, Listing, LockInfo, Mode, OwnerToken, Released, Renewal, Role,
     };
     pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};
@@ -366,6 +366,33 @@ impl LockInfo {
     }
 }
 
+/// What [`Backend::list`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Listing {
+    /// The names held (at most the limit asked for).
+    pub names: Vec<String>,
+    /// Whether every name held under the prefix is in
+    /// [`names`](Listing::names): false when the limit, or a bound of the
+    /// backend's own, ended the listing first.
+    pub complete: bool,
+}
+
+impl Listing {
+    /// A listing from its parts.
+    pub fn new(names: Vec<String>, complete: bool) -> Self {
+        Listing { names, complete }
+    }
+
+    /// `names` (at most `limit` of them, the rest cut), complete unless
+    /// there were more.
+    pub fn bounded(mut names: Vec<String>, limit: usize) -> Self {
+        let complete = names.len() <= limit;
+        names.truncate(limit);
+        Listing { names, complete }
+    }
+}
+
 /// A holder's place in a semaphore or read-write lock in a backend's own
 /// layout, for [`Backend::inspect_role`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -415,8 +442,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// The names held on the server that start with `prefix`, at most
-    /// `limit` of them, in no particular order, or `Ok(None)` when the
-    /// backend cannot list.
+    /// `limit` of them, in no particular order, and whether that is all of
+    /// them; `Ok(None)` when the backend cannot list.
     ///
     /// Names are as [`Backend::acquire`] took them: a lock's or an
     /// election's name, each part of a primitive in the built layout by its
@@ -429,7 +456,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let _ = (prefix, limit);
         Ok(None)
     }

@@ -21,20 +21,18 @@
 //! let h = locker.holdings("crawlers").await?;
 //! assert_eq!(h.permits.len(), 1);
 //! assert!(h.lock.is_none() && h.readers.is_empty() && h.writer.is_none());
-//! let names = locker.held("craw", 10).await?.expect("memory lists");
-//! assert_eq!(names[0].name, "crawlers");
+//! let held = locker.held("craw", 10).await?.expect("memory lists");
+//! assert_eq!(held.names[0].name, "crawlers");
 //! p.release().await?;
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
-
 use futures_util::future::try_join_all;
 
-use crate::backend::{HolderInfo, Role};
+use crate::backend::{HolderInfo, OwnerToken, Role};
 use crate::capabilities::Layout;
 use crate::name::{validate_name, PART_SEPARATOR};
-use crate::rwlock::MAX_READERS;
+use crate::rwlock::{writer_slot_owner, MAX_READERS};
 use crate::{Locker, Result};
 
 /// How many part names [`Locker::holdings`] lists for one name at most.
@@ -58,7 +56,7 @@ pub struct WriterHolder {
     pub holder: HolderInfo,
     /// Whether it writes now; `false` while it waits for the readers inside
     /// to leave (built layout: it holds the gate but not yet every reader
-    /// slot).
+    /// slot; a reader passing the gate shows so for a moment).
     pub writing: bool,
 }
 
@@ -78,9 +76,10 @@ pub struct Holdings {
     pub permits: Vec<PermitHolder>,
     /// The writer of the read-write lock NAME.
     pub writer: Option<WriterHolder>,
-    /// The readers of the read-write lock NAME. In the built layout, while
-    /// a writer waits for the readers inside, the slots it has taken show
-    /// here too.
+    /// The readers of the read-write lock NAME (in the built layout, the
+    /// holders of its reader slots other than the writer, whose slots'
+    /// owners derive from its gate's; a writer of an earlier version's
+    /// slots show here).
     pub readers: Vec<HolderInfo>,
 }
 
@@ -97,6 +96,17 @@ impl Holdings {
 /// The name a part name belongs to (the name itself for a whole name).
 fn base_of(name: &str) -> &str {
     name.split(PART_SEPARATOR).next().unwrap_or(name)
+}
+
+/// What [`Locker::held`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldNames {
+    /// The names held, by name, each with what is held on it.
+    pub names: Vec<Holdings>,
+    /// Whether more names may be held than listed (the limit, or a bound
+    /// of the backend's listing, ended it first).
+    pub truncated: bool,
 }
 
 impl Locker {
@@ -116,22 +126,13 @@ impl Locker {
     /// Cancel safe: it only reads.
     pub async fn holdings(&self, name: &str) -> Result<Holdings> {
         validate_name(self.backend_name(), name)?;
-        let parts = self
-            .backend()
-            .list(name, MAX_PARTS)
-            .await
-            .map_err(|e| e.or_name(name))?
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|n| base_of(n) == name && n != name)
-            .collect::<Vec<_>>();
-        self.holdings_of(name, &parts).await
+        self.read_holdings(name).await
     }
 
     /// The names held under `prefix` (at most `limit`), each with what
-    /// [`Locker::holdings`] says of it, by name; `Ok(None)` when the
-    /// backend cannot list. A name released between the listing and its
-    /// inspection is left out.
+    /// [`Locker::holdings`] says of it, by name, and whether more may be
+    /// held; `Ok(None)` when the backend cannot list. A name released
+    /// between the listing and its inspection is left out.
     ///
     /// # Errors
     ///
@@ -140,28 +141,42 @@ impl Locker {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
-    pub async fn held(&self, prefix: &str, limit: usize) -> Result<Option<Vec<Holdings>>> {
-        // A semaphore's or read-write lock's parts are listed one by one:
-        // ask for more than `limit` names, to have `limit` whole ones.
-        let asked = limit.saturating_mul(4).max(limit).min(MAX_PARTS.max(limit));
-        let Some(listed) = self.backend().list(prefix, asked).await? else {
+    pub async fn held(&self, prefix: &str, limit: usize) -> Result<Option<HeldNames>> {
+        // A built primitive's parts are listed one by one: ask for room for
+        // a read-write lock's per name.
+        let per_name = MAX_READERS as usize + 2;
+        let asked = limit.saturating_mul(per_name).min(MAX_PARTS.max(limit));
+        let Some(listing) = self.backend().list(prefix, asked).await? else {
             return Ok(None);
         };
-        let mut by_name: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        for n in &listed {
-            let parts = by_name.entry(base_of(n)).or_default();
-            if base_of(n) != n {
-                parts.push(n.clone());
-            }
-        }
-        let mut out = Vec::new();
-        for (name, parts) in by_name.into_iter().take(limit) {
-            let h = self.holdings_of(name, &parts).await?;
+        let bases: std::collections::BTreeSet<&str> =
+            listing.names.iter().map(|n| base_of(n)).collect();
+        let truncated = !listing.complete || bases.len() > limit;
+        let mut names = Vec::new();
+        for name in bases.into_iter().take(limit) {
+            // Each name's parts are listed again, whole.
+            let h = self.read_holdings(name).await?;
             if !h.is_free() {
-                out.push(h);
+                names.push(h);
             }
         }
-        Ok(Some(out))
+        Ok(Some(HeldNames { names, truncated }))
+    }
+
+    /// The holdings of `name` (not validated: a listed name of another
+    /// client may be one this library would not take).
+    async fn read_holdings(&self, name: &str) -> Result<Holdings> {
+        let parts = self
+            .backend()
+            .list(&format!("{name}{PART_SEPARATOR}"), MAX_PARTS)
+            .await
+            .map_err(|e| e.or_name(name))?
+            .map(|l| l.names)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| base_of(n) == name && n != name)
+            .collect::<Vec<_>>();
+        self.holdings_of(name, &parts).await
     }
 
     /// The holdings of `name` whose built-layout parts are `parts`.
@@ -192,6 +207,7 @@ impl Locker {
         let read_slot = format!("read{PART_SEPARATOR}permit-");
         let gate = format!("{name}{PART_SEPARATOR}write");
         let mut gate_holder = None;
+        let mut slots = Vec::new();
         for (part, holder) in read {
             let Some(holder) = holder else { continue };
             if let Some(slot) = suffix(part, "permit-") {
@@ -199,20 +215,36 @@ impl Locker {
                     slot: Some(slot),
                     holder,
                 });
-            } else if suffix(part, &read_slot).is_some() {
-                h.readers.push(holder);
+            } else if let Some(slot) = suffix(part, &read_slot) {
+                slots.push((slot, holder));
             } else if part == gate {
                 gate_holder = Some(holder);
             }
         }
         h.permits.sort_by_key(|p| p.slot);
-        if let Some(holder) = gate_holder {
-            // The writer holds the gate, then takes every reader slot.
-            let writing = h.readers.len() >= MAX_READERS as usize;
-            if writing {
-                h.readers.clear();
+        // A writer's slots are held by owners derived from its gate's.
+        let gate_owner = gate_holder
+            .as_ref()
+            .and_then(|g| g.owner.as_deref())
+            .filter(|o| o.len() == 32)
+            .and_then(|o| u128::from_str_radix(o, 16).ok())
+            .map(OwnerToken::from_u128);
+        let mut writers_slots = 0;
+        for (slot, holder) in slots {
+            let writers = gate_owner.is_some_and(|g| {
+                holder.owner.as_deref() == Some(&writer_slot_owner(g, slot).to_string())
+            });
+            if writers {
+                writers_slots += 1;
+            } else {
+                h.readers.push(holder);
             }
-            h.writer = Some(WriterHolder { holder, writing });
+        }
+        if let Some(holder) = gate_holder {
+            h.writer = Some(WriterHolder {
+                holder,
+                writing: writers_slots >= MAX_READERS,
+            });
         }
         if caps.semaphore_layout == Layout::Native {
             if let Some(permits) = backend
@@ -282,13 +314,62 @@ mod tests {
         assert_eq!(writer.holder.fence, w.fence());
         assert!(h.lock.unwrap().since.is_some());
         let listed = locker.held("", 10).await.unwrap().unwrap();
-        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed.names.len(), 1, "{listed:?}");
+        assert!(!listed.truncated);
         for x in [p1, p2] {
             x.release().await.unwrap();
         }
         w.release().await.unwrap();
         g.release().await.unwrap();
         assert!(locker.holdings("h").await.unwrap().is_free());
-        assert!(locker.held("h", 10).await.unwrap().unwrap().is_empty());
+        assert!(locker
+            .held("h", 10)
+            .await
+            .unwrap()
+            .unwrap()
+            .names
+            .is_empty());
+    }
+}
+
+#[cfg(test)]
+mod writer_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::time::Duration;
+
+    use crate::{LockOptions, Locker, RwLock, Wait};
+
+    /// A writer that waits for a reader inside holds the slots it took:
+    /// they are its, not readers', and it is not writing yet.
+    #[tokio::test]
+    async fn a_waiting_writer_is_told_from_the_reader_inside() {
+        let locker = Locker::memory();
+        let rw = RwLock::new(&locker, "w").unwrap();
+        let reader = rw.try_read().await.unwrap().unwrap();
+        let writer = {
+            let rw = rw.clone();
+            tokio::spawn(async move {
+                rw.write(&LockOptions::new().wait(Wait::For(Duration::from_secs(20))))
+                    .await
+            })
+        };
+        // The writer holds the gate once it waits.
+        let h = loop {
+            let h = locker.holdings("w").await.unwrap();
+            if h.writer.is_some() {
+                break h;
+            }
+            tokio::task::yield_now().await;
+        };
+        assert!(!h.writer.unwrap().writing, "writing beside a reader");
+        assert_eq!(h.readers.len(), 1, "the writer's slots shown as readers");
+        reader.release().await.unwrap();
+        let w = writer.await.unwrap().unwrap().unwrap();
+        let h = locker.holdings("w").await.unwrap();
+        assert!(
+            h.writer.as_ref().unwrap().writing && h.readers.is_empty(),
+            "{h:?}"
+        );
+        w.release().await.unwrap();
     }
 }

@@ -71,14 +71,14 @@ mod watchdog;
 
 pub use async_trait::async_trait;
 pub use backend::{
-    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, Mode, OwnerToken,
-    Released, Renewal, Role,
+    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, Listing, LockInfo, Mode,
+    OwnerToken, Released, Renewal, Role,
 };
 pub use capabilities::{Capabilities, Fencing, Layout, LeaseKind};
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;
-pub use holdings::{Holdings, PermitHolder, WriterHolder};
+pub use holdings::{HeldNames, Holdings, PermitHolder, WriterHolder};
 pub use locker::{Locker, DEADLINE_GRACE};
 pub use name::{validate_name, MAX_NAME_BYTES};
 pub use options::{LockOptions, Wait, DEFAULT_TTL, MAX_TTL, MIN_TTL};

@@ -219,6 +219,25 @@ impl Locker {
         value: Option<&str>,
         mode: Mode,
     ) -> Result<Option<LockGuard>> {
+        self.acquire_as(name, opts, value, mode, OwnerToken::random())
+            .await
+    }
+
+    /// [`acquire_with`](Locker::acquire_with) for `owner`, a token no
+    /// other acquisition uses (a built read-write lock's writer derives
+    /// its slots' owners from its gate's).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Locker::acquire).
+    pub(crate) async fn acquire_as(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        value: Option<&str>,
+        mode: Mode,
+        owner: OwnerToken,
+    ) -> Result<Option<LockGuard>> {
         let backend = self.backend.name();
         validate_name(backend, name)?;
         opts.validate(backend)?;
@@ -252,7 +271,7 @@ impl Locker {
         let lost = CancellationToken::new();
         let req = AcquireRequest {
             name,
-            owner: OwnerToken::random(),
+            owner,
             ttl: opts.get_ttl(),
             deadline,
             lost: &lost,

@@ -19,8 +19,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{
-    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, LockInfo, OwnerToken,
-    Released, Renewal,
+    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, Listing, LockInfo,
+    OwnerToken, Released, Renewal,
 };
 use crate::capabilities::{Capabilities, Fencing, LeaseKind};
 use crate::error::{Error, Result};
@@ -367,7 +367,7 @@ impl Backend for MemoryBackend {
         Ok(Some(LockInfo::new(holder, Some(entry.waiters.len()))))
     }
 
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let now = crate::backend::now();
         let st = lock(&self.state);
         let names = st
@@ -378,9 +378,9 @@ impl Backend for MemoryBackend {
                     && (e.holder.as_ref().is_some_and(|h| h.expires > now) || !e.waiters.is_empty())
             })
             .map(|(name, _)| name.clone())
-            .take(limit)
+            .take(limit.saturating_add(1))
             .collect();
-        Ok(Some(names))
+        Ok(Some(Listing::bounded(names, limit)))
     }
 }
 

@@ -63,8 +63,8 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{
-    now, AcquireRequest, Backend, BackendLease, Grant, HolderInfo, LockInfo, Released, Renewal,
-    Role,
+    now, AcquireRequest, Backend, BackendLease, Grant, HolderInfo, Listing, LockInfo, Released,
+    Renewal, Role,
 };
 use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind};
 use crate::cleanup::CleanupOnDrop;
@@ -704,17 +704,21 @@ impl Backend for Migrating {
 
     /// The names either backend lists (once each); `None` when neither can
     /// list.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         let (old, new) = tokio::join!(self.old.list(prefix, limit), self.new.list(prefix, limit));
         let (old, new) = (old?, new?);
         if old.is_none() && new.is_none() {
             return Ok(None);
         }
-        let mut names: Vec<String> = new.into_iter().chain(old).flatten().collect();
+        let complete = [&old, &new]
+            .iter()
+            .all(|l| l.as_ref().is_none_or(|l| l.complete));
+        let mut names: Vec<String> = new.into_iter().chain(old).flat_map(|l| l.names).collect();
         names.sort();
         names.dedup();
-        names.truncate(limit);
-        Ok(Some(names))
+        let mut listing = Listing::bounded(names, limit);
+        listing.complete &= complete;
+        Ok(Some(listing))
     }
 
     /// The new backend's holders (tokens offset), else the old one's
@@ -888,7 +892,7 @@ impl Backend for OffsetFences {
     }
 
     /// As the inner backend's.
-    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Vec<String>>> {
+    async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
         self.inner.list(prefix, limit).await
     }
 

@@ -71,7 +71,9 @@ use futures_util::future::select_all;
 
 use crate::name::{validate_compound_name, PART_SEPARATOR};
 use crate::semaphore::{Permit, Semaphore};
-use crate::{Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, Result, Wait};
+use crate::{
+    Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, OwnerToken, Result, Wait,
+};
 
 /// The readers that may read at once in the built layout (a native one has
 /// no limit). Fixed: a reader and a writer that
@@ -243,13 +245,23 @@ impl RwLock {
             }));
         }
         let began = Instant::now();
-        let Some(gate) = self.locker.acquire(&self.gate_name(), opts).await? else {
+        let gate_owner = OwnerToken::random();
+        let gate = self
+            .locker
+            .acquire_as(&self.gate_name(), opts, None, Mode::Exclusive, gate_owner)
+            .await?;
+        let Some(gate) = gate else {
             return Ok(None);
         };
         let mut slots = Vec::with_capacity(self.readers.permits() as usize);
         for i in 0..self.readers.permits() {
             let name = self.readers.slot_name(i);
-            match self.locker.acquire(&name, &left(opts, began)).await? {
+            let owner = writer_slot_owner(gate_owner, i);
+            let slot = self
+                .locker
+                .acquire_as(&name, &left(opts, began), None, Mode::Exclusive, owner)
+                .await?;
+            match slot {
                 Some(g) => slots.push(g),
                 None => {
                     // A try found a reader inside: give everything back.
@@ -274,6 +286,26 @@ impl RwLock {
         }
         Ok(Some(guard))
     }
+}
+
+/// The owner of a writer's reader slot `slot` in the built layout, derived
+/// from the owner of its gate, so that an inspection tells the writer's
+/// slots from readers' ([`crate::holdings`]). Distinct per slot and
+/// random-looking (etcd derives a lease id from an owner).
+pub(crate) fn writer_slot_owner(gate: OwnerToken, slot: u32) -> OwnerToken {
+    // splitmix64's finalizer.
+    let mix = |z: u64| {
+        let z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let v = gate.as_u128();
+    let (hi, lo) = ((v >> 64) as u64, v as u64);
+    let s = u64::from(slot).wrapping_add(1);
+    let h = mix(hi ^ mix(lo ^ s));
+    let l = mix(lo ^ mix(hi.rotate_left(17) ^ s.wrapping_mul(0xD6E8_FEB8_6659_FD93)));
+    OwnerToken::from_u128((u128::from(h) << 64) | u128::from(l))
 }
 
 /// `opts` with what is left of its wait since `began`.

@@ -340,7 +340,10 @@ pub async fn holdings_name_every_primitive(ctx: Ctx) {
     let prefix = ctx.name("holdings");
     if let Some(listed) = other.held(&prefix, 10).await.expect("held") {
         assert!(
-            listed.iter().any(|x| x.name == name && x.lock.is_some()),
+            listed
+                .names
+                .iter()
+                .any(|x| x.name == name && x.lock.is_some()),
             "{name:?} is not listed: {listed:?}"
         );
     }
@@ -354,6 +357,6 @@ pub async fn holdings_name_every_primitive(ctx: Ctx) {
     let h = other.holdings(&name).await.expect("holdings");
     assert!(h.is_free(), "{h:?}");
     if let Some(listed) = other.held(&prefix, 10).await.expect("held") {
-        assert!(listed.iter().all(|x| x.name != name), "{listed:?}");
+        assert!(listed.names.iter().all(|x| x.name != name), "{listed:?}");
     }
 }

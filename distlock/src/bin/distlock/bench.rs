@@ -70,7 +70,7 @@ pub(crate) async fn bench(locker: Locker, url: &str, args: Args) -> u8 {
     match measure(locker, url, &args).await {
         Ok(text) => crate::out::print(&text),
         Err(e) => {
-            eprintln!("distlock: bench: {e}");
+            crate::out::warn_line!("distlock: bench: {e}");
             exit::for_error(&e)
         }
     }

@@ -41,7 +41,7 @@ pub(crate) async fn inspect(locker: Locker, pair: Option<Migrating>, args: Args)
         None => None,
     };
     if locker.inspect(name).await.is_ok_and(|i| i.is_none()) {
-        eprintln!(
+        crate::out::warn_line!(
             "distlock: the {} backend cannot inspect locks",
             locker.backend_name()
         );

@@ -91,7 +91,7 @@ pub(crate) async fn leader(locker: Locker, args: Args) -> u8 {
     let (mut int, mut term, mut hup) = match signals {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("distlock: cannot listen for signals: {e}");
+            crate::out::warn_line!("distlock: cannot listen for signals: {e}");
             return exit::SOFTWARE;
         }
     };

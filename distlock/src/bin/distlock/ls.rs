@@ -28,13 +28,13 @@ type Row<'a> = (&'a str, &'static str, Option<u32>, &'a HolderInfo);
 /// Lists the names held; returns the exit code.
 pub(crate) async fn ls(locker: Locker, args: Args) -> u8 {
     if args.limit == 0 {
-        eprintln!("distlock: --limit must be at least 1");
+        crate::out::warn_line!("distlock: --limit must be at least 1");
         return exit::USAGE;
     }
-    let held = match locker.held(&args.prefix, args.limit).await {
+    let found = match locker.held(&args.prefix, args.limit).await {
         Ok(Some(h)) => h,
         Ok(None) => {
-            eprintln!(
+            crate::out::warn_line!(
                 "distlock: the {} backend cannot list names",
                 locker.backend_name()
             );
@@ -45,9 +45,9 @@ pub(crate) async fn ls(locker: Locker, args: Args) -> u8 {
             return exit::for_error(&e);
         }
     };
-    let truncated = held.len() >= args.limit;
+    let (held, truncated) = (&found.names, found.truncated);
     let mut rows: Vec<Row<'_>> = Vec::new();
-    for h in &held {
+    for h in held {
         if let Some(l) = &h.lock {
             let kind = if l.value.is_some() { "leader" } else { "lock" };
             rows.push((&h.name, kind, None, l));
@@ -94,7 +94,7 @@ pub(crate) async fn ls(locker: Locker, args: Args) -> u8 {
         let _ = writeln!(o, "(nothing held)");
     }
     if truncated {
-        eprintln!(
+        crate::out::warn_line!(
             "distlock: the first {} names; more may be held (--limit)",
             args.limit
         );

@@ -186,7 +186,7 @@ fn main() -> ExitCode {
         _ => {}
     }
     let Some(url) = cli.url else {
-        eprintln!("distlock: no backend: pass --url URL or set DISTLOCK_URL (e.g. redis://127.0.0.1:6379)");
+        crate::out::warn_line!("distlock: no backend: pass --url URL or set DISTLOCK_URL (e.g. redis://127.0.0.1:6379)");
         return ExitCode::from(exit::USAGE);
     };
     // memory:// itself, or as either half of a migrate: pair.
@@ -204,7 +204,7 @@ fn main() -> ExitCode {
             Command::Run(_) | Command::Elect(_) | Command::Leader(_)
         )
     {
-        eprintln!("distlock: memory:// lives in one process and cannot exclude other processes: give run, elect and leader a server's URL (redis://, zk://, etcd://, mysql://)");
+        crate::out::warn_line!("distlock: memory:// lives in one process and cannot exclude other processes: give run, elect and leader a server's URL (redis://, zk://, etcd://, mysql://)");
         return ExitCode::from(exit::USAGE);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -213,7 +213,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("distlock: cannot start the runtime: {e}");
+            crate::out::warn_line!("distlock: cannot start the runtime: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     };

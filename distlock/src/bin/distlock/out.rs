@@ -22,7 +22,7 @@ pub(crate) fn say(text: &str) -> Said {
         Ok(()) => Said::Yes,
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Said::Closed,
         Err(e) => {
-            eprintln!("distlock: writing to stdout: {e}");
+            warn_line!("distlock: writing to stdout: {e}");
             Said::Failed(exit::SOFTWARE)
         }
     }
@@ -37,11 +37,21 @@ pub(crate) fn print(text: &str) -> u8 {
     }
 }
 
+/// Writes a line to stderr; a stderr that is closed or full loses the
+/// line, never ends the command (unlike `eprintln!`, which panics).
+macro_rules! warn_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use warn_line;
+
 /// Reports an error on stderr as one line (`distlock: ...`), whatever line
 /// breaks a server's reply put into it.
 pub(crate) fn fail(e: &dyn std::fmt::Display) {
     let text = e.to_string();
-    eprintln!(
+    warn_line!(
         "distlock: {}",
         text.split_whitespace().collect::<Vec<_>>().join(" ")
     );

@@ -238,7 +238,7 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
     let mut signals = match Signals::new() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("distlock: cannot listen for signals: {e}");
+            crate::out::warn_line!("distlock: cannot listen for signals: {e}");
             return exit::SOFTWARE;
         }
     };
@@ -298,7 +298,7 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
             r = &mut taking => break r,
             sig = signals.recv() => {
                 // Dropping the acquisition undoes it (flushed before exit).
-                eprintln!("distlock: {sig} while waiting for {:?}; not running the command", args.name.get());
+                crate::out::warn_line!("distlock: {sig} while waiting for {:?}; not running the command", args.name.get());
                 return signal_exit(sig);
             }
             () = &mut notice, if !noticed => noticed = true,
@@ -308,23 +308,23 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
         Ok(Some(g)) => g,
         Ok(None) => {
             match take {
-                Take::Shared => eprintln!(
+                Take::Shared => crate::out::warn_line!(
                     "distlock: a writer holds {:?} or waits for it; not running the command",
                     args.name.get()
                 ),
-                Take::Exclusive => eprintln!(
+                Take::Exclusive => crate::out::warn_line!(
                     "distlock: readers or a writer hold {:?}; not running the command",
                     args.name.get()
                 ),
-                Take::Lock => eprintln!(
+                Take::Lock => crate::out::warn_line!(
                     "distlock: {:?} is held by another owner; not running the command",
                     args.name.get()
                 ),
-                Take::Permits(n) => eprintln!(
+                Take::Permits(n) => crate::out::warn_line!(
                     "distlock: all {n} permits of {:?} are held; not running the command",
                     args.name.get()
                 ),
-                Take::Elect(_) => eprintln!(
+                Take::Elect(_) => crate::out::warn_line!(
                     "distlock: another candidate leads {:?}; not running the command",
                     args.name.get()
                 ),
@@ -332,7 +332,7 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
             return args.conflict_exit_code;
         }
         Err(e) if e.kind() == ErrorKind::Timeout => {
-            eprintln!("distlock: {e}; not running the command");
+            crate::out::warn_line!("distlock: {e}; not running the command");
             return args.conflict_exit_code;
         }
         Err(e) => {
@@ -344,7 +344,7 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
     let code = under_lease(&guard, args, take, &mut signals).await;
     if let Err(e) = guard.release().await {
         if code != args.lost_exit_code {
-            eprintln!("distlock: the command finished but {e}");
+            crate::out::warn_line!("distlock: the command finished but {e}");
         }
     }
     code
@@ -387,9 +387,11 @@ async fn notice_holder(locker: &Locker, name: &str, take: &Take) {
         },
     };
     match who {
-        Some(who) => eprintln!("distlock: waiting for {name:?}: held by {who}"),
+        Some(who) => crate::out::warn_line!("distlock: waiting for {name:?}: held by {who}"),
         None => {
-            eprintln!("distlock: waiting for {name:?} (its holder was not readable or just left)")
+            crate::out::warn_line!(
+                "distlock: waiting for {name:?} (its holder was not readable or just left)"
+            )
         }
     }
 }
@@ -456,7 +458,9 @@ async fn send(conn: &mut UnixStream, m: Message) -> Sent {
 /// The supervisor stopped reading (stopped, stuck): no one could stop the
 /// command when the lease goes, so it is killed now.
 async fn stuck(group: Option<Pid>, child: &mut Child) -> u8 {
-    eprintln!("distlock: the command's supervisor stopped answering; the command was killed");
+    crate::out::warn_line!(
+        "distlock: the command's supervisor stopped answering; the command was killed"
+    );
     kill_group(group);
     let _ = child.wait().await;
     exit::SOFTWARE
@@ -476,7 +480,7 @@ struct Supervisor {
 /// the exit code, after a message.
 async fn start_supervisor(guard: &Lease, args: &Common, take: &Take) -> Result<Supervisor, u8> {
     let failed = |what: &str, e: &dyn std::fmt::Display| {
-        eprintln!("distlock: {what}: {e}");
+        crate::out::warn_line!("distlock: {what}: {e}");
         exit::SOFTWARE
     };
     // In a terminal's foreground, the command's group takes the terminal.
@@ -543,7 +547,7 @@ async fn start_supervisor(guard: &Lease, args: &Common, take: &Take) -> Result<S
                 Ok(Ok(_)) => "an unexpected process answered on the supervisor's socket",
                 _ => "the supervisor did not start",
             };
-            eprintln!("distlock: {why}");
+            crate::out::warn_line!("distlock: {why}");
             return Err(exit::SOFTWARE);
         }
     };
@@ -580,7 +584,7 @@ async fn under_lease(guard: &Lease, args: &Common, take: &Take, signals: &mut Si
     if first != Sent::Yes {
         kill_group(group);
         let _ = child.wait().await;
-        eprintln!(
+        crate::out::warn_line!(
             "distlock: the lease on {:?} was lost before the command started",
             args.name.get()
         );
@@ -596,7 +600,7 @@ async fn under_lease(guard: &Lease, args: &Common, take: &Take, signals: &mut Si
         tokio::select! {
             biased;
             () = &mut lost => {
-                eprintln!(
+                crate::out::warn_line!(
                     "distlock: lease on {:?} lost ({}): stopping the command",
                     args.name.get(),
                     guard.lost_reason().unwrap_or("unknown")
@@ -622,7 +626,7 @@ async fn under_lease(guard: &Lease, args: &Common, take: &Take, signals: &mut Si
                     }
                     Ok(s) => status_code(s),
                     Err(e) => {
-                        eprintln!("distlock: waiting for the command: {e}");
+                        crate::out::warn_line!("distlock: waiting for the command: {e}");
                         exit::SOFTWARE
                     }
                 };

@@ -216,7 +216,7 @@ pub(crate) fn supervise(args: Args) -> u8 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("distlock: cannot start the supervisor's runtime: {e}");
+            crate::out::warn_line!("distlock: cannot start the supervisor's runtime: {e}");
             return exit::SOFTWARE;
         }
     };
@@ -262,13 +262,13 @@ fn give_back(foreground: Option<i32>) {
 
 async fn run(args: Args) -> u8 {
     let Ok(mut caught) = Caught::new() else {
-        eprintln!("distlock: the supervisor cannot catch signals");
+        crate::out::warn_line!("distlock: the supervisor cannot catch signals");
         return exit::SOFTWARE;
     };
     let stream = match UnixStream::connect(&args.socket).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("distlock: the supervisor cannot reach distlock run: {e}");
+            crate::out::warn_line!("distlock: the supervisor cannot reach distlock run: {e}");
             return exit::SOFTWARE;
         }
     };
@@ -300,7 +300,7 @@ async fn run(args: Args) -> u8 {
         Ok(c) => c,
         Err(e) => {
             give_back(foreground);
-            eprintln!("distlock: cannot run {program:?}: {e}");
+            crate::out::warn_line!("distlock: cannot run {program:?}: {e}");
             return exit::NOT_STARTED;
         }
     };
@@ -342,7 +342,7 @@ async fn watch(
                 return match status {
                     Ok(s) => status_code(s),
                     Err(e) => {
-                        eprintln!("distlock: waiting for the command: {e}");
+                        crate::out::warn_line!("distlock: waiting for the command: {e}");
                         exit::SOFTWARE
                     }
                 };
