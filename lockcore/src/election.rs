@@ -239,6 +239,7 @@ impl Election {
 /// A campaign won: the lease on the election's name, with the lock guard's
 /// promises (renewal, lost signal, release on drop).
 #[derive(Debug)]
+#[must_use = "leadership is resigned as soon as it is dropped"]
 pub struct Leadership {
     guard: LockGuard,
     value: String,

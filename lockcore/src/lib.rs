@@ -106,3 +106,23 @@ fn _assert_send() {
         send(&e.observe().changed());
     }
 }
+
+// Every guard and handle a user moves into `tokio::spawn` is `Send + Sync +
+// 'static`: a change that breaks it fails to compile here, not in a user's
+// code.
+const _: fn() = || {
+    fn movable<T: Send + Sync + 'static>() {}
+    movable::<Locker>();
+    movable::<LockGuard>();
+    movable::<LockOptions>();
+    movable::<Semaphore>();
+    movable::<Permit>();
+    movable::<RwLock>();
+    movable::<ReadGuard>();
+    movable::<WriteGuard>();
+    movable::<Election>();
+    movable::<Leadership>();
+    movable::<Observer>();
+    movable::<Error>();
+    movable::<Holdings>();
+};

@@ -35,6 +35,7 @@ pub enum Wait {
 /// assert_eq!(opts.get_ttl(), Duration::from_secs(10));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "options do nothing until passed to an acquisition"]
 pub struct LockOptions {
     ttl: Duration,
     wait: Wait,

@@ -323,6 +323,7 @@ pub(crate) fn left(opts: &LockOptions, began: Instant) -> LockOptions {
 /// A held read lock: a reader node of a native layout, or one reader slot
 /// of the built one.
 #[derive(Debug)]
+#[must_use = "the read lock is released as soon as the guard is dropped"]
 pub struct ReadGuard {
     hold: ReadHold,
 }
@@ -390,6 +391,7 @@ impl ReadGuard {
 /// A held write lock: the writer's hold on the name in a native layout, or
 /// the writers' gate and every reader slot in the built one.
 #[derive(Debug)]
+#[must_use = "the write lock is released as soon as the guard is dropped"]
 pub struct WriteGuard {
     gate: LockGuard,
     slots: Vec<LockGuard>,

@@ -334,6 +334,7 @@ fn start_slot(permits: u32) -> u32 {
 /// built layout), with the lock guard's promises (renewal, lost signal,
 /// fencing token, release on drop).
 #[derive(Debug)]
+#[must_use = "the permit is released as soon as it is dropped"]
 pub struct Permit {
     guard: LockGuard,
     slot: Option<u32>,
