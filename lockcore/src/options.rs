@@ -59,14 +59,12 @@ impl LockOptions {
     }
 
     /// How long the lease lives without renewal (1 s to 24 h).
-    #[must_use]
     pub const fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// How long to wait for a held name.
-    #[must_use]
     pub const fn wait(mut self, wait: Wait) -> Self {
         self.wait = wait;
         self
@@ -75,7 +73,6 @@ impl LockOptions {
     /// Whether the watchdog renews the lease at about ttl/3 (on by default).
     /// Without renewal the lease ends after its ttl and the guard's lost
     /// signal fires then.
-    #[must_use]
     pub const fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self

@@ -534,7 +534,7 @@ async fn contend(
         };
         let opts = LockOptions::new().ttl(ttl).wait(wait);
         let acquire = locker.acquire(name, &opts);
-        let outcome = if next(&rng) % 5 == 0 {
+        let outcome = if next(&rng).is_multiple_of(5) {
             // Cut off at a random point.
             match tokio::time::timeout(millis(&rng, 500), acquire).await {
                 Ok(r) => r,
@@ -569,7 +569,7 @@ async fn contend(
             journal.clock.ns(acquired)
         ));
         // Mostly short holds, now and then one past several renewals.
-        let hold = if next(&rng) % 5 == 0 {
+        let hold = if next(&rng).is_multiple_of(5) {
             millis(&rng, ttl_ms * 2)
         } else {
             millis(&rng, 30)
