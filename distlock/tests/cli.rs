@@ -157,6 +157,19 @@ async fn until_exists(path: &std::path::Path) {
     }
 }
 
+/// Runs `distlock ARGS` `rounds` times one after another in a task; each
+/// must succeed.
+fn in_rounds(ctx: &Ctx, rounds: usize, args: &[&str]) -> tokio::task::JoinHandle<()> {
+    let ctx = ctx.clone();
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::spawn(async move {
+        for _ in 0..rounds {
+            let st = distlock(&ctx).args(&args).status().await.unwrap();
+            assert!(st.success(), "distlock {args:?} failed: {st}");
+        }
+    })
+}
+
 /// Two `distlock run` processes on one name, three rounds each: their
 /// critical sections (start/end marks with timestamps) never interleave.
 async fn run_never_overlaps(ctx: Ctx) {
@@ -166,20 +179,15 @@ async fn run_never_overlaps(ctx: Ctx) {
         "echo start $$ $(date +%s%N) >> {m}; sleep 0.2; echo end $$ $(date +%s%N) >> {m}",
         m = marks.display()
     );
-    let mut procs = Vec::new();
-    for _ in 0..2 {
-        let (ctx, name, script) = (ctx.clone(), name.clone(), script.clone());
-        procs.push(tokio::spawn(async move {
-            for _ in 0..3 {
-                let st = distlock(&ctx)
-                    .args(["run", "--ttl", "5s", &name, "--", "sh", "-c", &script])
-                    .status()
-                    .await
-                    .unwrap();
-                assert!(st.success(), "distlock run failed: {st}");
-            }
-        }));
-    }
+    let procs: Vec<_> = (0..2)
+        .map(|_| {
+            in_rounds(
+                &ctx,
+                3,
+                &["run", "--ttl", "5s", &name, "--", "sh", "-c", &script],
+            )
+        })
+        .collect();
     for p in procs {
         p.await.unwrap();
     }
@@ -377,17 +385,8 @@ async fn exclusive_writers_exclude_everyone(ctx: Ctx) {
             "echo start {flag} $$ $(date +%s%N) >> {m}; sleep 0.2; echo end {flag} $$ $(date +%s%N) >> {m}",
             m = marks.display()
         );
-        let (ctx, name) = (ctx.clone(), name.clone());
-        procs.push(tokio::spawn(async move {
-            for _ in 0..2 {
-                let st = distlock(&ctx)
-                    .args(["run", flag, "--ttl", "5s", &name, "--", "sh", "-c", &script])
-                    .status()
-                    .await
-                    .unwrap();
-                assert!(st.success(), "distlock run {flag} failed: {st}");
-            }
-        }));
+        let args = ["run", flag, "--ttl", "5s", &name, "--", "sh", "-c", &script];
+        procs.push(in_rounds(&ctx, 2, &args));
     }
     for p in procs {
         p.await.unwrap();
