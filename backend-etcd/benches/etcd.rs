@@ -19,7 +19,7 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, WatchOptions,
 };
-use lockcore::bench as workload;
+use lockcore::testing::bench as workload;
 
 /// Each throughput figure alternates with its floor this many times.
 const ROUNDS: u32 = 3;
@@ -63,7 +63,7 @@ async fn raw_pair(c: &mut Client, range: &str, id: i64) {
 }
 
 fn lease_id() -> i64 {
-    (lockcore::OwnerToken::random().as_u128() as u64 >> 1).max(1) as i64
+    (lockcore::raw::OwnerToken::random().as_u128() as u64 >> 1).max(1) as i64
 }
 
 async fn pairs_per_sec_raw(c: &Client, tasks_n: usize, ns: &str, d: Duration) -> f64 {
@@ -201,5 +201,5 @@ fn main() {
 }
 
 fn rand_u32() -> u32 {
-    (lockcore::OwnerToken::random().as_u128() & 0xffff_ffff) as u32
+    (lockcore::raw::OwnerToken::random().as_u128() & 0xffff_ffff) as u32
 }

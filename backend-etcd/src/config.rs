@@ -30,7 +30,7 @@
 
 use std::time::Duration;
 
-use lockcore::address::{redact, Secret, ServerUrl};
+use lockcore::raw::address::{redact, Secret, ServerUrl};
 use lockcore::{Error, Result};
 
 /// The backend's short name in errors and logs.

@@ -3,7 +3,7 @@
 
 use etcd_client::{TxnOpResponse, TxnResponse};
 use lockcore::name::encode_segment;
-use lockcore::OwnerToken;
+use lockcore::raw::OwnerToken;
 
 /// The key range of lock `name` under `prefix`: every key of the lock
 /// (holder and waiters) starts with it.

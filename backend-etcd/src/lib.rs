@@ -29,7 +29,7 @@
 //! token there, behind U+001F and `lockcore-owner `, so that `inspect`
 //! names it; `concurrency.Mutex` neither writes nor reads the value).
 //! A [`lockcore::Election`] puts its value there, and
-//! [`inspect`](lockcore::Backend::inspect) reads the holder key's value
+//! [`inspect`](lockcore::raw::Backend::inspect) reads the holder key's value
 //! back. So `etcdctl elect lockcore/<seg> <value>` campaigns beside this
 //! backend's candidates (one leader among both), and `etcdctl elect -l
 //! lockcore/<seg>` prints this backend's leader's value.
@@ -42,7 +42,7 @@
 //! renews it at ttl/3 with one keepalive and one read of the key. The lost
 //! signal fires when a keepalive answers ttl 0, when the key is gone, or when
 //! the validity deadline (send time of the last successful renewal + ttl,
-//! less the drift allowance of `lockcore::backend::validity_deadline`)
+//! less the drift allowance of `lockcore::raw::validity_deadline`)
 //! passes because the server could not be reached.
 //!
 //! **Recycling.** A lock released cleanly (its key deleted by the release)
@@ -98,16 +98,18 @@
 //! # Ok(()) }
 //! ```
 
+mod acquire;
 mod backend;
 pub mod config;
+mod core;
 mod error;
 mod keys;
 mod lease;
 mod spare;
 mod wait;
 
-pub use backend::{EtcdBackend, EtcdCounters, EtcdStats};
 pub use config::{EtcdConfig, DEFAULT_PREFIX, NAME, SCHEMES};
+pub use core::{EtcdBackend, EtcdCounters, EtcdStats};
 
 use lockcore::Locker;
 

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use lockcore::sync::lock;
+use lockcore::raw::sync::lock;
 
 /// At most this many spare leases per ttl; beyond it, a released lease is
 /// revoked as before.

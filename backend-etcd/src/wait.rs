@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
-use lockcore::backend::prelude::*;
-use lockcore::retry::Backoff;
-use lockcore::sync::lock;
+use lockcore::raw::prelude::*;
+use lockcore::raw::retry::Backoff;
+use lockcore::raw::sync::lock;
 
-use crate::backend::EtcdBackend;
 use crate::config::NAME;
+use crate::core::EtcdBackend;
 use crate::error::{is_transient, map_err};
 use crate::keys::first_kv;
 

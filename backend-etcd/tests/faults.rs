@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{CompactionOptions, GetOptions};
-use lockcore::history::History;
+use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
     compose, run_serial, ClientPause, ConnectFuture, Ctx, Dir, Proxies, ServerFault, Soak, Target,
@@ -57,7 +57,7 @@ async fn waiters(l: &Locker, name: &str) -> usize {
 /// The index (0-based, in `LOCKTEST_ETCD_CLUSTER_URL` order) of the leader.
 /// The `http://host:port` endpoint of each member an `etcd://` URL names.
 fn endpoints(ctx: &Ctx) -> Vec<String> {
-    lockcore::address::ServerUrl::parse(&ctx.config, 2379)
+    lockcore::raw::address::ServerUrl::parse(&ctx.config, 2379)
         .map(|u| u.hosts.iter().map(|h| format!("http://{h}")).collect())
         .expect("an etcd:// URL")
 }

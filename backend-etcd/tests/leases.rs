@@ -20,7 +20,7 @@ fn connect(url: String) -> ConnectFuture {
 }
 
 fn host(ctx: &Ctx) -> String {
-    let url = lockcore::address::ServerUrl::parse(&ctx.config, 2379).expect("an etcd:// URL");
+    let url = lockcore::raw::address::ServerUrl::parse(&ctx.config, 2379).expect("an etcd:// URL");
     url.hosts[0].to_string()
 }
 
@@ -198,13 +198,13 @@ async fn abandoned_and_lost_leases_are_not_reused(ctx: Ctx) {
 /// user's release can do) is not revoked by the second release, when
 /// another lock already holds it again.
 async fn a_second_release_leaves_a_reused_lease_alone(ctx: Ctx) {
-    use lockcore::backend::{AcquireRequest, Backend, Deadline, OwnerToken, Released, Renewal};
+    use lockcore::raw::{AcquireRequest, Backend, Deadline, OwnerToken, Released, Renewal};
     let b = EtcdBackend::connect(EtcdConfig::parse(&ctx.config).expect("config"))
         .await
         .expect("connect");
     let mut c = raw(&ctx).await;
     let (a, n) = (ctx.name("twice-a"), ctx.name("twice-b"));
-    let lost = lockcore::backend::prelude::CancellationToken::new();
+    let lost = lockcore::raw::prelude::CancellationToken::new();
     let req = |name: &'static str| AcquireRequest {
         name,
         owner: OwnerToken::random(),
@@ -212,7 +212,7 @@ async fn a_second_release_leaves_a_reused_lease_alone(ctx: Ctx) {
         deadline: Deadline::Now,
         lost: &lost,
         value: None,
-        mode: lockcore::Mode::Exclusive,
+        mode: lockcore::raw::Mode::Exclusive,
     };
     let (a, n): (&'static str, &'static str) = (a.leak(), n.leak());
     let g1 = b.acquire(req(a)).await.unwrap().expect("a");

@@ -17,7 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::bench as workload;
+use lockcore::testing::bench as workload;
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
 const RUN: Duration = Duration::from_secs(3);

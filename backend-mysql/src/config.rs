@@ -21,7 +21,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lockcore::address::{redact, HostPort, Secret, ServerUrl};
+use lockcore::raw::address::{redact, HostPort, Secret, ServerUrl};
 use lockcore::{Error, Result};
 
 /// The backend's short name in errors and logs.

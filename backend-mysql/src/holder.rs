@@ -5,13 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::backend::{HolderInfo, LockInfo};
-use lockcore::{Deadline, Error, Result};
+use lockcore::raw::Deadline;
+use lockcore::{Error, Result};
+use lockcore::{HolderInfo, LockInfo};
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::aux_pool::AuxConn;
-use crate::backend::MysqlBackend;
 use crate::config::NAME;
+use crate::core::AuxConn;
+use crate::core::MysqlBackend;
 use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::Holding;
 use crate::sql::waits;

@@ -11,8 +11,8 @@ use sqlx::Connection;
 
 use std::time::Duration;
 
-use crate::backend::{MysqlBackend, Shared};
 use crate::config::NAME;
+use crate::core::{MysqlBackend, Shared};
 use crate::error::{map_err, timed_out};
 use crate::sql::SESSION_SETUP;
 

@@ -7,12 +7,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use lockcore::cleanup::spawn_cleanup;
-use lockcore::sync::lock;
+use lockcore::raw::sync::lock;
 use sqlx::mysql::MySqlConnection;
 use sqlx::Connection;
 
 /// A connection idle this long is pinged before reuse.
-const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+pub(crate) const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
 /// A connection idle longer than this is closed, not reused.
 const IDLE_LIMIT: Duration = Duration::from_secs(60);

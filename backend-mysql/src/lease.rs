@@ -5,11 +5,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::backend::prelude::*;
+use lockcore::raw::prelude::*;
 use sqlx::AssertSqlSafe;
 
-use crate::backend::Shared;
 use crate::config::NAME;
+use crate::core::Shared;
 use crate::holding::Holding;
 use crate::sql::is_user_lock_name;
 use crate::transaction::publish;

@@ -100,7 +100,7 @@
 //! holding connection; that round trip is also the proof that its
 //! transaction outlived the increment. It lets go of the user lock before
 //! its row (`DO RELEASE_LOCK(…); ROLLBACK` in one request), and a dead
-//! connection loses both. So [`Backend::inspect`](lockcore::backend::Backend::inspect)
+//! connection loses both. So [`Backend::inspect`](lockcore::raw::Backend::inspect)
 //! reads the fencing row and `IS_USED_LOCK` of the user lock, in one
 //! statement; the name is held by the recorded owner, with its token, when
 //! the server shows the recorded connection holding the user lock (a read
@@ -140,8 +140,8 @@
 //! `ensure_schema=false`, or an account that may not create it) locks and
 //! inspects, and has no elections.
 //!
-//! **Listing and roles.** [`Backend::list`](lockcore::backend::Backend::list)
-//! and [`Backend::inspect_role`](lockcore::backend::Backend::inspect_role)
+//! **Listing and roles.** [`Backend::list`](lockcore::raw::Backend::list)
+//! and [`Backend::inspect_role`](lockcore::raw::Backend::inspect_role)
 //! ask the server how rows are locked with reads that never wait (`SKIP
 //! LOCKED`, in a transaction rolled back in the same request): a page of
 //! the lock table locked shared skips the rows held for update, and a
@@ -208,9 +208,9 @@
 //! # Ok(()) }
 //! ```
 
-mod aux_pool;
 mod backend;
 pub mod config;
+mod core;
 mod error;
 mod holder;
 mod holding;
@@ -221,8 +221,8 @@ mod slots;
 mod sql;
 mod transaction;
 
-pub use backend::MysqlBackend;
 pub use config::{MysqlConfig, NAME, SCHEMES};
+pub use core::MysqlBackend;
 pub use sql::schema_sql;
 
 use lockcore::Locker;

@@ -19,13 +19,13 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use lockcore::backend::{HolderInfo, Listing, Role};
+use lockcore::{HolderInfo, Listing, Role};
 use lockcore::{Layout, Result};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::aux_pool::AuxConn;
-use crate::backend::{rw_row, MysqlBackend};
+use crate::core::AuxConn;
+use crate::core::{rw_row, MysqlBackend};
 use crate::error::{code, db_number, map_err, timed_out};
 use crate::slots::slot_range;
 
@@ -84,7 +84,7 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 
 impl MysqlBackend {
     /// The names under `prefix` whose rows are locked, at most `limit`, in
-    /// name order (see [`Backend::list`](lockcore::backend::Backend::list)):
+    /// name order (see [`Backend::list`](lockcore::raw::Backend::list)):
     /// a lock's, an election's or a part's name whose row is held, a
     /// read-write lock's whose row is held by a writer or readers, a
     /// semaphore's with a slot held. The lock table is read a page at a
@@ -209,7 +209,7 @@ impl MysqlBackend {
     }
 
     /// The holders of `name` in `role` of this backend's own layouts (see
-    /// [`Backend::inspect_role`](lockcore::backend::Backend::inspect_role)),
+    /// [`Backend::inspect_role`](lockcore::raw::Backend::inspect_role)),
     /// `None` for a layout built from locks, or on a server without `SKIP
     /// LOCKED`.
     ///

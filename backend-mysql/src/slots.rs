@@ -6,11 +6,11 @@
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockcore::backend::prelude::*;
+use lockcore::raw::prelude::*;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::backend::MysqlBackend;
 use crate::config::NAME;
+use crate::core::MysqlBackend;
 use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::Holding;
 

@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::backend::prelude::*;
+use lockcore::raw::prelude::*;
 use sqlx::{AssertSqlSafe, Connection, Row};
 
-use crate::backend::{MysqlBackend, Shared};
 use crate::config::NAME;
+use crate::core::{MysqlBackend, Shared};
 use crate::error::{code, db_number, map_err, timed_out};
 use crate::holding::{Holding, LockConn};
 use crate::sql::{is_user_lock_name, FOREVER_CHUNK_SECS};
@@ -393,7 +393,7 @@ impl MysqlBackend {
 /// connection and which it lets go of before its row
 /// ([`MysqlLease`](crate::lease::MysqlLease)'s release), so that
 /// `IS_USED_LOCK` names the holder's connection
-/// ([`Backend::inspect`](lockcore::backend::Backend::inspect)). The
+/// ([`Backend::inspect`](lockcore::raw::Backend::inspect)). The
 /// round trip also proves the holding transaction alive.
 ///
 /// Keeps the user lock's name in the holding (`Holding::user_lock`),

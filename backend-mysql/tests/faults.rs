@@ -525,7 +525,7 @@ async fn slot_rows_locked_from_sql_are_permits(ctx: Ctx) {
 /// A backend asked directly for a permit of a semaphore with 0 or too many
 /// permits says so: an error, not a panic or a permit.
 async fn permit_counts_out_of_range_are_refused(ctx: Ctx) {
-    use lockcore::backend::prelude::{AcquireRequest, Backend, CancellationToken, Deadline};
+    use lockcore::raw::prelude::{AcquireRequest, Backend, CancellationToken, Deadline};
     let b = MysqlBackend::connect(MysqlConfig::parse(&ctx.config).unwrap())
         .await
         .expect("connect");
@@ -535,12 +535,12 @@ async fn permit_counts_out_of_range_are_refused(ctx: Ctx) {
         let got = b
             .acquire(AcquireRequest {
                 name: &name,
-                owner: lockcore::OwnerToken::random(),
+                owner: lockcore::raw::OwnerToken::random(),
                 ttl: Duration::from_secs(10),
                 deadline: Deadline::Now,
                 lost: &lost,
                 value: None,
-                mode: lockcore::Mode::Permit { permits },
+                mode: lockcore::raw::Mode::Permit { permits },
             })
             .await;
         let e = got.map(|g| g.is_some()).expect_err("a count out of range");

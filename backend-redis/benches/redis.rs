@@ -27,7 +27,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::bench as workload;
+use lockcore::testing::bench as workload;
 
 const RUN: Duration = Duration::from_secs(4);
 
@@ -136,7 +136,7 @@ async fn rslock_pairs(lm: &rslock::LockManager, name: &str, run: Duration) -> f6
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-/// rslock's forced hand-off, as `lockcore::bench::handoffs` does it: one
+/// rslock's forced hand-off, as `lockcore::testing::bench::handoffs` does it: one
 /// manager per client, a client that released waits for the next holder.
 async fn rslock_handoffs(
     urls: Vec<String>,
@@ -185,7 +185,7 @@ async fn rslock_handoffs(
 
 /// The `redis://host:port` of each master a lockcore Redis URL names.
 fn masters(url: &str) -> Vec<String> {
-    lockcore::address::ServerUrl::parse(url, 6379)
+    lockcore::raw::address::ServerUrl::parse(url, 6379)
         .expect("a redis URL")
         .hosts
         .iter()

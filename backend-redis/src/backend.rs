@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::backend::prelude::*;
+use lockcore::raw::prelude::*;
 
 use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
 use crate::conn::{self, Conn, Managed};

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::backend::prelude::*;
+use lockcore::raw::prelude::*;
 
 use crate::conn::Conn;
 use crate::error::map_err;

@@ -51,9 +51,9 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use futures_util::future::{FutureExt, Shared};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use lockcore::backend::prelude::*;
 use lockcore::cleanup::spawn_cleanup;
-use lockcore::retry::jitter_between;
+use lockcore::raw::prelude::*;
+use lockcore::raw::retry::jitter_between;
 use tokio::sync::oneshot;
 
 use crate::backend::wait_turn;

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lockcore::retry::Backoff;
-use lockcore::sync::lock;
+use lockcore::raw::retry::Backoff;
+use lockcore::raw::sync::lock;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 

@@ -19,7 +19,7 @@ use lockcore_conformance::{
 /// `host:port` of each RedLock master.
 fn redlock_hosts() -> Vec<String> {
     let url = std::env::var("LOCKTEST_REDLOCK_URL").unwrap_or_default();
-    lockcore::address::ServerUrl::parse(&url, 6379)
+    lockcore::raw::address::ServerUrl::parse(&url, 6379)
         .map(|u| u.hosts.iter().map(ToString::to_string).collect())
         .unwrap_or_default()
 }
@@ -292,7 +292,7 @@ async fn redlock_calls_reach_every_instance(ctx: Ctx) {
 /// tokens on the servers: an undo of one that comes late to an instance
 /// never deletes the other's key.
 async fn redlock_tokens_are_never_reused(ctx: Ctx) {
-    use lockcore::backend::{AcquireRequest, Backend, Deadline, OwnerToken};
+    use lockcore::raw::{AcquireRequest, Backend, Deadline, OwnerToken};
     let cfg = lockcore_redis::RedisConfig::parse(&ctx.config).expect("config");
     let b = lockcore_redis::RedLockBackend::connect(cfg)
         .await
@@ -300,7 +300,7 @@ async fn redlock_tokens_are_never_reused(ctx: Ctx) {
     let name = ctx.name("tokens");
     let key = lockcore_redis::lock_key("lock:", &name);
     let owner = OwnerToken::random();
-    let lost = lockcore::backend::prelude::CancellationToken::new();
+    let lost = lockcore::raw::prelude::CancellationToken::new();
     let mut seen = Vec::new();
     for _ in 0..2 {
         let g = b
@@ -311,7 +311,7 @@ async fn redlock_tokens_are_never_reused(ctx: Ctx) {
                 deadline: Deadline::Now,
                 lost: &lost,
                 value: None,
-                mode: lockcore::Mode::Exclusive,
+                mode: lockcore::raw::Mode::Exclusive,
             })
             .await
             .expect("acquire")

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::bench as workload;
+use lockcore::testing::bench as workload;
 use lockcore::Locker;
 use lockcore_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;

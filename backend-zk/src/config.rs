@@ -28,7 +28,7 @@
 
 use std::time::Duration;
 
-use lockcore::address::{redact, Secret, ServerUrl};
+use lockcore::raw::address::{redact, Secret, ServerUrl};
 use lockcore::{Error, Layout, Result};
 
 /// The backend's short name in errors and logs.

@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::backend::prelude::*;
+use lockcore::raw::prelude::*;
 
-use crate::backend::check_ttl;
 use crate::error::{is_session_end, map_err};
 use crate::nodes::{delete_node, delete_ours, AbortOnDrop};
 use crate::session::Session;
@@ -133,7 +132,7 @@ impl BackendLease for ZkLease {
     /// A ttl above the session timeout cannot be kept (the session cannot
     /// be lengthened).
     fn check_ttl(&self, ttl: Duration) -> Result<()> {
-        check_ttl(&self.session, ttl)
+        self.session.check_ttl(ttl)
     }
 
     /// Checks that our node still exists on our live session. A `ttl` above

@@ -92,10 +92,10 @@
 //! acknowledged before it was called, at the cost of one more round trip
 //! (barring a change of leader in between: ZooKeeper's `sync` is not
 //! itself a quorum operation, ZOOKEEPER-1675).
-//! [`list`](lockcore::backend::Backend::list) lists the base path's
+//! [`list`](lockcore::raw::Backend::list) lists the base path's
 //! children (one per name: a name's `/` is encoded, so there is no
 //! nesting) and keeps the names whose parent has a contender node;
-//! [`inspect_role`](lockcore::backend::Backend::inspect_role) reads the
+//! [`inspect_role`](lockcore::raw::Backend::inspect_role) reads the
 //! readers holding (the `__READ__` nodes before the first writer), the
 //! writer holding (a `__WRIT__` node first in the read-write lock's
 //! queue) and the permits held (the first `N` lease nodes, `N` the count
@@ -145,15 +145,17 @@
 
 mod backend;
 pub mod config;
+mod core;
 mod error;
 mod lease;
 mod listing;
 mod nodes;
 mod recipe;
 mod session;
+mod wait;
 
-pub use backend::{ZkBackend, ZkCounters, ZkStats};
 pub use config::{AclMode, ZkConfig, NAME, SCHEMES};
+pub use core::{ZkBackend, ZkCounters, ZkStats};
 
 use lockcore::Locker;
 

@@ -3,13 +3,13 @@
 //! roles in Curator's layouts.
 //!
 //! Every listing is preceded by a `sync` with the leader, as
-//! [`inspect`](lockcore::backend::Backend::inspect) is, so it sees every
+//! [`inspect`](lockcore::raw::Backend::inspect) is, so it sees every
 //! acquisition and release acknowledged before the call. What follows is
 //! read node by node: a report is not one snapshot.
 
-use lockcore::backend::{HolderInfo, Role};
 use lockcore::name::{decode_segment, encode_segment};
 use lockcore::{Error, Layout, Result};
+use lockcore::{HolderInfo, Role};
 use zookeeper_client as zk;
 
 use crate::config::{ZkConfig, NAME};

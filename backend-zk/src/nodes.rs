@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockcore::name::encode_segment;
-use lockcore::{Error, ErrorKind, OwnerToken, Result};
+use lockcore::raw::OwnerToken;
+use lockcore::{Error, ErrorKind, Result};
 use zookeeper_client as zk;
 
 use crate::config::{ZkConfig, NAME};

@@ -72,6 +72,21 @@ impl Drop for Session {
 }
 
 impl Session {
+    /// A lease lives by its session: a ttl above the negotiated session
+    /// timeout (the server's `maxSessionTimeout`) cannot be kept.
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<()> {
+        if ttl > self.timeout {
+            return Err(Error::invalid_config(
+                NAME,
+                format!(
+                    "ttl {ttl:?} is above the session timeout the server grants ({:?}, its maxSessionTimeout): a ZooKeeper lease lives by its session, so use a ttl up to that",
+                    self.timeout
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Opens a session asking for `ttl` as its timeout.
     pub(crate) async fn connect(cfg: &ZkConfig, ttl: Duration) -> Result<Arc<Session>> {
         let requested = ttl.max(Duration::from_millis(1));
@@ -363,7 +378,7 @@ impl Session {
     /// `min(ttl, session timeout)` later, less a clock-drift allowance of
     /// 1% + 2 ms.
     pub(crate) fn valid_until(&self, sent: Instant, ttl: Duration) -> Instant {
-        lockcore::backend::validity_deadline(sent, ttl.min(self.timeout))
+        lockcore::raw::validity_deadline(sent, ttl.min(self.timeout))
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use lockcore::history::History;
+use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker};
 use lockcore_conformance::{
     compose, run_serial, Ctx, Dir, Harness, Proxies, ServerFault, Soak, Target, UndoOnDrop,
@@ -40,7 +40,7 @@ impl Harness for Zk {
 
 /// The `host:port` list of the target's `zk://` URL.
 fn hosts(ctx: &Ctx) -> String {
-    lockcore::address::ServerUrl::parse(&ctx.config, 2181)
+    lockcore::raw::address::ServerUrl::parse(&ctx.config, 2181)
         .map(|u| {
             u.hosts
                 .iter()

@@ -84,7 +84,10 @@ macro_rules! entry {
 async fn connect_migrating(pair: &str, offset: u64) -> Result<migrate::Migrating> {
     // Only redacted parts of the URLs go into errors.
     let bad = |why: &str| {
-        let shown: Vec<String> = pair.split('|').map(lockcore::address::redact).collect();
+        let shown: Vec<String> = pair
+            .split('|')
+            .map(lockcore::raw::address::redact)
+            .collect();
         Error::invalid_config(FACADE, format!("migrate:{}: {why}", shown.join("|")))
     };
     let (old, new) = pair
@@ -229,7 +232,7 @@ pub async fn connect_migration(url: &str) -> Result<migrate::Migrating> {
             FACADE,
             format!(
                 "{}: not a migration URL (migrate:OLD|NEW)",
-                lockcore::address::redact(url)
+                lockcore::raw::address::redact(url)
             ),
         )),
     }
@@ -272,7 +275,7 @@ async fn connect_one(url: &str) -> Result<Locker> {
             FACADE,
             format!(
                 "{:?} is not a lock URL (e.g. memory://): {e}",
-                lockcore::address::redact(url)
+                lockcore::raw::address::redact(url)
             ),
         )
         .with_source(e)

@@ -37,19 +37,19 @@ pub enum LeaseKind {
 }
 
 /// How a backend lays out a primitive beyond the lock: a
-/// [`RwLock`](crate::RwLock) ([`Capabilities::rw_layout`]) or a
-/// [`Semaphore`](crate::Semaphore) ([`Capabilities::semaphore_layout`]).
+/// [`RwLock`](crate::primitives::rwlock::RwLock) ([`Capabilities::rw_layout`]) or a
+/// [`Semaphore`](crate::primitives::semaphore::Semaphore) ([`Capabilities::semaphore_layout`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Layout {
-    /// Built from the backend's locks (see [`rwlock`](crate::rwlock) and
-    /// [`semaphore`](crate::semaphore)).
+    /// Built from the backend's locks (see [`rwlock`](crate::primitives::rwlock) and
+    /// [`semaphore`](crate::primitives::semaphore)).
     #[default]
     Built,
-    /// The backend's own layout, taken with a [`Mode`](crate::Mode) on the
-    /// primitive's name: [`Mode::Read`](crate::Mode::Read) and
-    /// [`Mode::Write`](crate::Mode::Write) for a read-write lock,
-    /// [`Mode::Permit`](crate::Mode::Permit) for a semaphore (Curator's
+    /// The backend's own layout, taken with a [`Mode`](crate::raw::Mode) on the
+    /// primitive's name: [`Mode::Read`](crate::raw::Mode::Read) and
+    /// [`Mode::Write`](crate::raw::Mode::Write) for a read-write lock,
+    /// [`Mode::Permit`](crate::raw::Mode::Permit) for a semaphore (Curator's
     /// `InterProcessReadWriteLock` and `InterProcessSemaphoreV2` on
     /// ZooKeeper).
     Native,
@@ -80,19 +80,19 @@ pub struct Capabilities {
     pub push_wakeup: bool,
     /// What keeps a lease alive.
     pub lease: LeaseKind,
-    /// [`Backend::inspect`](crate::Backend::inspect) can tell the holder
+    /// [`Backend::inspect`](crate::raw::Backend::inspect) can tell the holder
     /// (and the number of waiters, where [`LockInfo::waiters`](crate::LockInfo)
     /// is `Some`).
     pub inspect: bool,
     /// Locks exclude other processes (false for the in-memory backend).
     pub cross_process: bool,
-    /// A lease carries a value ([`AcquireRequest::value`](crate::AcquireRequest))
-    /// that [`Backend::inspect`](crate::Backend::inspect) reads back: what an
+    /// A lease carries a value ([`AcquireRequest::value`](crate::raw::AcquireRequest))
+    /// that [`Backend::inspect`](crate::raw::Backend::inspect) reads back: what an
     /// [`Election`](crate::Election) needs to tell observers who leads.
     pub values: bool,
-    /// How a [`RwLock`](crate::RwLock) is laid out on this backend.
+    /// How a [`RwLock`](crate::primitives::rwlock::RwLock) is laid out on this backend.
     pub rw_layout: Layout,
-    /// How a [`Semaphore`](crate::Semaphore) is laid out on this backend.
+    /// How a [`Semaphore`](crate::primitives::semaphore::Semaphore) is laid out on this backend.
     pub semaphore_layout: Layout,
 }
 

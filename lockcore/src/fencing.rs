@@ -20,8 +20,8 @@
 //! `<=` lets one holder write several times with its token, as the gate
 //! does; use `<` to allow only one write per lease.
 //!
-//! Only backends whose [`Capabilities::fencing`](crate::Capabilities::fencing)
-//! is not [`Fencing::None`](crate::Fencing::None) give tokens to fence with.
+//! Only backends whose [`Capabilities::fencing`](crate::capabilities::Capabilities::fencing)
+//! is not [`Fencing::None`](crate::capabilities::Fencing::None) give tokens to fence with.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cleanup::spawn_cleanup;
 use crate::error::{Error, ErrorKind, Result};
-use crate::held::Held;
 use crate::options::{MAX_TTL, MIN_TTL};
+use crate::raw::held::Held;
 
 /// A held lock. Dropping it releases the lock in the background.
 ///
@@ -23,7 +23,7 @@ use crate::options::{MAX_TTL, MIN_TTL};
 /// guarded work.
 ///
 /// Every acquisition is its own owner: a second `lock` of the name, through
-/// the same [`Locker`](crate::Locker) or another, waits for this guard's
+/// the same [`Locker`](crate::locker::Locker) or another, waits for this guard's
 /// release. A holder that needs another hold on its own lease (a recursive
 /// call, say) proves it holds with [`reenter`](LockGuard::reenter).
 ///
@@ -68,7 +68,7 @@ impl LockGuard {
     /// asking the server; the lease is released on the server when the last
     /// of its holds is released or dropped, in any order.
     ///
-    /// An acquisition through a [`Locker`](crate::Locker) never re-enters:
+    /// An acquisition through a [`Locker`](crate::locker::Locker) never re-enters:
     /// it is a new owner, whatever handle it went through.
     ///
     /// ```
@@ -111,7 +111,7 @@ impl LockGuard {
 
     /// The fencing token: strictly larger for each successive holder of this
     /// name, or `None` when the backend has no safe token (see
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing)). Pass it to
+    /// [`Capabilities::fencing`](crate::capabilities::Capabilities::fencing)). Pass it to
     /// the guarded resource (see [`crate::fencing`]).
     pub fn fence(&self) -> Option<u64> {
         self.held.fence
@@ -169,7 +169,7 @@ impl LockGuard {
     /// The end of the lease's trusted validity as of `now`: `now` while
     /// held, else when it was lost (at the latest its validity deadline).
     /// What a history of leases records as a lease's end (see
-    /// [`history`](crate::history)).
+    /// [`history`](crate::testing::history)).
     pub fn validity_end(&self, now: Instant) -> Instant {
         if self.held.is_held() {
             return now;

@@ -4,10 +4,10 @@
 //! inspect` and `distlock ls` show.
 //!
 //! In the built layout a primitive is made of ordinary locks with part
-//! names (see [`crate::semaphore`] and [`crate::rwlock`]): they are found by
-//! listing the name's parts ([`Backend::list`](crate::Backend::list)) and inspected one by one.
+//! names (see [`crate::primitives::semaphore`] and [`crate::primitives::rwlock`]): they are found by
+//! listing the name's parts ([`Backend::list`](crate::raw::Backend::list)) and inspected one by one.
 //! In a backend's own layout ([`Layout::Native`]) the backend tells the
-//! holders itself ([`Backend::inspect_role`](crate::Backend::inspect_role)). Each part is read at its own
+//! holders itself ([`Backend::inspect_role`](crate::raw::Backend::inspect_role)). Each part is read at its own
 //! instant: a report of several parts is not one snapshot.
 //!
 //! ```
@@ -29,11 +29,13 @@
 
 use futures_util::future::try_join_all;
 
-use crate::backend::{HolderInfo, OwnerToken, Role};
 use crate::capabilities::Layout;
+use crate::error::Result;
+use crate::info::{HolderInfo, Role};
+use crate::locker::Locker;
 use crate::name::{validate_name, PART_SEPARATOR};
-use crate::rwlock::{writer_slot_owner, MAX_READERS};
-use crate::{Locker, Result};
+use crate::primitives::rwlock::{writer_slot_owner, MAX_READERS};
+use crate::raw::OwnerToken;
 
 /// How many part names [`Locker::holdings`] lists for one name at most.
 const MAX_PARTS: usize = 4096;
@@ -118,8 +120,8 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidName`](crate::ErrorKind::InvalidName); the
-    /// backend's [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable).
+    /// [`ErrorKind::InvalidName`](crate::error::ErrorKind::InvalidName); the
+    /// backend's [`ErrorKind::Unavailable`](crate::error::ErrorKind::Unavailable).
     ///
     /// # Cancel safety
     ///
@@ -136,7 +138,7 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// The backend's [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable).
+    /// The backend's [`ErrorKind::Unavailable`](crate::error::ErrorKind::Unavailable).
     ///
     /// # Cancel safety
     ///
@@ -183,7 +185,7 @@ impl Locker {
     async fn holdings_of(&self, name: &str, parts: &[String]) -> Result<Holdings> {
         let backend = self.backend();
         let caps = backend.capabilities();
-        let in_part = |e: crate::Error| e.or_name(name);
+        let in_part = |e: crate::error::Error| e.or_name(name);
         let info = backend.inspect(name).await.map_err(in_part)?;
         let mut h = Holdings {
             name: name.to_owned(),
@@ -194,7 +196,7 @@ impl Locker {
         // Every listed part, inspected: (part, holder).
         let read = try_join_all(parts.iter().map(|p| async move {
             let holder = backend.inspect(p).await?.and_then(|i| i.holder);
-            Ok::<_, crate::Error>((p.as_str(), holder))
+            Ok::<_, crate::error::Error>((p.as_str(), holder))
         }))
         .await
         .map_err(in_part)?;
@@ -287,7 +289,8 @@ impl Locker {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::{RwLock, Semaphore};
+    use crate::primitives::rwlock::RwLock;
+    use crate::primitives::semaphore::Semaphore;
 
     #[tokio::test]
     async fn every_primitive_on_a_name_is_reported() {
@@ -337,7 +340,9 @@ mod writer_tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use std::time::Duration;
 
-    use crate::{LockOptions, Locker, RwLock, Wait};
+    use crate::locker::Locker;
+    use crate::options::{LockOptions, Wait};
+    use crate::primitives::rwlock::RwLock;
 
     /// A writer that waits for a reader inside holds the slots it took:
     /// they are its, not readers', and it is not writing yet.

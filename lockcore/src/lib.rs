@@ -4,9 +4,10 @@
 //! [options](LockOptions), the [`LockGuard`] with watchdog renewal, a lost
 //! signal and a fencing token, the [`Error`] type, [`Capabilities`], the
 //! [fencing gate](fencing) for guarded resources, the [history
-//! checker](history), and the [in-memory backend](memory), which is the
+//! checker](testing::history), and the [in-memory backend](memory), which is the
 //! embedded default. Backends for Redis, ZooKeeper, etcd and MySQL live in
-//! their own crates and implement [`Backend`].
+//! their own crates and implement [`raw::Backend`]; what only a backend
+//! author needs is in [`raw`].
 //!
 //! The contract every backend meets (and the conformance suite checks):
 //! mutual exclusion while a lease is valid, owner-checked renewal and
@@ -45,45 +46,33 @@
 //! # Ok(()) }
 //! ```
 
-pub mod address;
-pub mod backend;
-#[cfg(feature = "bench")]
-pub mod bench;
 pub mod capabilities;
 pub mod cleanup;
-pub mod election;
 pub mod error;
 pub mod fencing;
 mod guard;
-mod held;
-pub mod history;
 pub mod holdings;
+mod info;
 mod locker;
 pub mod memory;
 pub mod migrate;
 pub mod name;
 pub mod options;
-pub mod retry;
-pub mod rwlock;
-pub mod semaphore;
-pub mod sync;
-mod watchdog;
+mod primitives;
+pub mod raw;
+pub mod testing;
 
-pub use async_trait::async_trait;
-pub use backend::{
-    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, Listing, LockInfo, Mode,
-    OwnerToken, Released, Renewal, Role,
-};
 pub use capabilities::{Capabilities, Fencing, Layout, LeaseKind};
-pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use holdings::{HeldNames, Holdings, PermitHolder, WriterHolder};
+pub use info::{HolderInfo, Listing, LockInfo, Role};
 pub use locker::{Locker, DEADLINE_GRACE};
 pub use name::{validate_name, MAX_NAME_BYTES};
 pub use options::{LockOptions, Wait, DEFAULT_TTL, MAX_TTL, MIN_TTL};
-pub use rwlock::{ReadGuard, RwLock, WriteGuard};
-pub use semaphore::{Permit, Semaphore};
+pub use primitives::election::{self, Election, Leader, Leadership, Observer};
+pub use primitives::rwlock::{self, ReadGuard, RwLock, WriteGuard};
+pub use primitives::semaphore::{self, Permit, Semaphore};
 
 // Guards and acquire futures are `Send` (and guards `'static`): they can move
 // into spawned tasks. Checked at compile time.

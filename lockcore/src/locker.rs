@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{AcquireRequest, Backend, Deadline, LockInfo, Mode, OwnerToken};
 use crate::capabilities::{Capabilities, Layout};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
-use crate::held::Held;
+use crate::info::LockInfo;
 use crate::memory::MemoryBackend;
 use crate::name::validate_name;
 use crate::options::{LockOptions, Wait};
-use crate::watchdog::Watchdog;
+use crate::raw::held::Held;
+use crate::raw::watchdog::Watchdog;
+use crate::raw::{AcquireRequest, Backend, Deadline, Mode, OwnerToken};
 
 /// How long past its wait deadline a backend's acquire may run before it is
 /// dropped (and cleans up after itself). A backend gives up by the deadline
@@ -257,7 +258,7 @@ impl Locker {
         let wait = opts.get_wait();
         let deadline = match wait {
             Wait::Try => Deadline::Now,
-            Wait::For(d) => Deadline::At(crate::backend::now() + d),
+            Wait::For(d) => Deadline::At(crate::raw::now() + d),
             Wait::Forever => Deadline::Never,
         };
         let timed_out = |d: Duration| {

@@ -8,7 +8,7 @@
 //! queue, or hands on a lease granted to it at that very moment).
 //!
 //! Locks exclude the tasks that share one `MemoryBackend` (through clones of
-//! it, or of a [`Locker`](crate::Locker) over it), never other processes.
+//! it, or of a [`Locker`](crate::locker::Locker) over it), never other processes.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -18,12 +18,12 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{
-    AcquireRequest, Backend, BackendLease, Deadline, Grant, HolderInfo, Listing, LockInfo,
-    OwnerToken, Released, Renewal,
-};
 use crate::capabilities::{Capabilities, Fencing, LeaseKind};
 use crate::error::{Error, Result};
+use crate::info::{HolderInfo, Listing, LockInfo};
+use crate::raw::{
+    AcquireRequest, Backend, BackendLease, Deadline, Grant, OwnerToken, Released, Renewal,
+};
 
 const NAME: &str = "memory";
 
@@ -162,7 +162,7 @@ impl MemoryBackend {
         if let Some(h) = &was {
             h.lost.cancel();
         }
-        entry.settle(crate::backend::now(), last_fence);
+        entry.settle(crate::raw::now(), last_fence);
         if entry.is_idle() {
             locks.remove(name);
         }
@@ -181,7 +181,7 @@ impl MemoryBackend {
             return false;
         };
         let was = entry.holder.take().is_some();
-        entry.settle(crate::backend::now(), last_fence);
+        entry.settle(crate::raw::now(), last_fence);
         if entry.is_idle() {
             locks.remove(name);
         }
@@ -233,7 +233,7 @@ impl Drop for Queued<'_> {
         };
         entry.waiters.retain(|w| w.owner != self.owner);
         if self.rx.try_recv().is_ok() {
-            entry.release(self.owner, crate::backend::now(), last_fence);
+            entry.release(self.owner, crate::raw::now(), last_fence);
         }
         if entry.is_idle() {
             locks.remove(self.name);
@@ -261,7 +261,7 @@ impl Backend for MemoryBackend {
         // do: a task that acquires in a loop yields now and then, so timers
         // and other tasks (the watchdog among them) still run.
         tokio::task::consume_budget().await;
-        let now = crate::backend::now();
+        let now = crate::raw::now();
         let rx = {
             let mut st = lock(&self.state);
             let State { locks, last_fence } = &mut *st;
@@ -329,7 +329,7 @@ impl Backend for MemoryBackend {
                     return Ok(Some(self.lease(req.name, req.owner, fence, valid_until)));
                 }
                 () = sleep => {
-                    let now = crate::backend::now();
+                    let now = crate::raw::now();
                     {
                         let mut st = lock(&self.state);
                         let State { locks, last_fence } = &mut *st;
@@ -350,7 +350,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        let now = crate::backend::now();
+        let now = crate::raw::now();
         let st = lock(&self.state);
         let Some(entry) = st.locks.get(name) else {
             return Ok(Some(LockInfo::new(None, Some(0))));
@@ -368,7 +368,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn list(&self, prefix: &str, limit: usize) -> Result<Option<Listing>> {
-        let now = crate::backend::now();
+        let now = crate::raw::now();
         let st = lock(&self.state);
         let names = st
             .locks
@@ -394,7 +394,7 @@ struct MemoryLease {
 #[async_trait]
 impl BackendLease for MemoryLease {
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        let now = crate::backend::now();
+        let now = crate::raw::now();
         let mut st = lock(&self.state);
         let holder = st
             .locks
@@ -418,7 +418,7 @@ impl BackendLease for MemoryLease {
         let Some(entry) = locks.get_mut(&self.name) else {
             return Ok(Released::NotHeld);
         };
-        let mine = entry.release(self.owner, crate::backend::now(), last_fence);
+        let mine = entry.release(self.owner, crate::raw::now(), last_fence);
         if entry.is_idle() {
             locks.remove(&self.name);
         }

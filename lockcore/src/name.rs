@@ -13,8 +13,8 @@
 //! the read-write lock `cfg`, whose gate is `cfg` U+001F `write`. The
 //! separator is accepted only in the exact names of parts (see
 //! [`is_part_name`]), so that a test or an operator can look at a part by
-//! the name the primitive gives ([`RwLock::gate_name`](crate::RwLock::gate_name),
-//! [`Semaphore::slot_name`](crate::Semaphore::slot_name)); a primitive's own
+//! the name the primitive gives ([`RwLock::gate_name`](crate::primitives::rwlock::RwLock::gate_name),
+//! [`Semaphore::slot_name`](crate::primitives::semaphore::Semaphore::slot_name)); a primitive's own
 //! name may not contain it.
 
 use std::borrow::Cow;

@@ -1,6 +1,6 @@
 //! Lock options: ttl, how long to wait, and whether the watchdog renews.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -25,7 +25,7 @@ pub enum Wait {
 /// Options of one acquisition.
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::time::{Duration, Instant};
 /// use lockcore::{LockOptions, Wait};
 ///
 /// let opts = LockOptions::new()
@@ -119,6 +119,18 @@ impl LockOptions {
             }
         }
         Ok(())
+    }
+
+    /// These options with what is left of their wait since `began`.
+    pub(crate) fn left_since(&self, began: Instant) -> LockOptions {
+        match self.get_wait() {
+            Wait::For(d) => self.wait(Wait::For(
+                began
+                    .checked_add(d)
+                    .map_or(d, |end| end.saturating_duration_since(Instant::now())),
+            )),
+            _ => *self,
+        }
     }
 }
 

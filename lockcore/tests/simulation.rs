@@ -28,10 +28,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::backend::now;
-use lockcore::backend::prelude::*;
-use lockcore::history::{History, LeaseRecord};
 use lockcore::memory::MemoryBackend;
+use lockcore::raw::now;
+use lockcore::raw::prelude::*;
+use lockcore::testing::history::{History, LeaseRecord};
 use lockcore::{LockOptions, Locker, Wait};
 
 /// SplitMix64: small, seedable, and the same on every platform.
@@ -458,7 +458,7 @@ fn schedule(seed: u64) -> Vec<(String, Option<u64>, u128, Option<u128>)> {
         .start_paused(true)
         .build()
         .unwrap();
-    lockcore::retry::seed_jitter(Some(seed));
+    lockcore::raw::retry::seed_jitter(Some(seed));
     let (records, start) = rt.block_on(async move {
         let start = now();
         let server = MemoryBackend::new();
@@ -521,7 +521,7 @@ fn schedule(seed: u64) -> Vec<(String, Option<u64>, u128, Option<u128>)> {
         }
         (history.snapshot(), start)
     });
-    lockcore::retry::seed_jitter(None);
+    lockcore::raw::retry::seed_jitter(None);
     trace(&records, start)
 }
 

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use lockcore::bench as workload;
+use lockcore::testing::bench as workload;
 use lockcore::Locker;
 
 fn main() {

@@ -91,7 +91,7 @@ pub struct UrlHarness {
 impl std::fmt::Debug for UrlHarness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UrlHarness")
-            .field("url", &lockcore::address::redact(&self.url))
+            .field("url", &lockcore::raw::address::redact(&self.url))
             .finish()
     }
 }
@@ -239,18 +239,18 @@ impl ClientPause {
 
 #[derive(Debug)]
 struct Paused {
-    inner: Arc<dyn lockcore::Backend>,
+    inner: Arc<dyn lockcore::raw::Backend>,
     state: Arc<PauseState>,
 }
 
 #[derive(Debug)]
 struct PausedLease {
-    inner: Box<dyn lockcore::BackendLease>,
+    inner: Box<dyn lockcore::raw::BackendLease>,
     state: Arc<PauseState>,
 }
 
 #[async_trait]
-impl lockcore::Backend for Paused {
+impl lockcore::raw::Backend for Paused {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
@@ -261,15 +261,19 @@ impl lockcore::Backend for Paused {
 
     async fn acquire(
         &self,
-        req: lockcore::AcquireRequest<'_>,
-    ) -> lockcore::Result<Option<lockcore::Grant>> {
-        Ok(self.inner.acquire(req).await?.map(|g| lockcore::Grant {
-            lease: Box::new(PausedLease {
-                inner: g.lease,
-                state: self.state.clone(),
-            }),
-            ..g
-        }))
+        req: lockcore::raw::AcquireRequest<'_>,
+    ) -> lockcore::Result<Option<lockcore::raw::Grant>> {
+        Ok(self
+            .inner
+            .acquire(req)
+            .await?
+            .map(|g| lockcore::raw::Grant {
+                lease: Box::new(PausedLease {
+                    inner: g.lease,
+                    state: self.state.clone(),
+                }),
+                ..g
+            }))
     }
 
     async fn inspect(&self, name: &str) -> lockcore::Result<Option<lockcore::LockInfo>> {
@@ -278,13 +282,13 @@ impl lockcore::Backend for Paused {
 }
 
 #[async_trait]
-impl lockcore::BackendLease for PausedLease {
-    async fn renew(&self, ttl: std::time::Duration) -> lockcore::Result<lockcore::Renewal> {
+impl lockcore::raw::BackendLease for PausedLease {
+    async fn renew(&self, ttl: std::time::Duration) -> lockcore::Result<lockcore::raw::Renewal> {
         self.state.wait().await;
         self.inner.renew(ttl).await
     }
 
-    async fn release(&self) -> lockcore::Result<lockcore::Released> {
+    async fn release(&self) -> lockcore::Result<lockcore::raw::Released> {
         self.state.wait().await;
         self.inner.release().await
     }

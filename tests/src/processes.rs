@@ -13,7 +13,7 @@
 //! it ends, stamped with the machine's monotonic clock (`CLOCK_MONOTONIC`,
 //! shared by every process), so a killed worker's open leases are known too
 //! (they end when it died). At the end the journals go through
-//! [`lockcore::history::check`]: no two valid leases on a name overlapped
+//! [`lockcore::testing::history::check`]: no two valid leases on a name overlapped
 //! and tokens rose. Then the harness reports what is left on the server
 //! ([`crate::Harness::leftovers`]): nothing may be.
 
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use lockcore::history::{LeaseRecord, Summary};
+use lockcore::testing::history::{LeaseRecord, Summary};
 use lockcore::{LockOptions, Locker, Wait};
 
 use crate::{ClientPause, Ctx, Dir, Harness, Proxies};
@@ -57,7 +57,7 @@ pub struct Clock {
 impl Clock {
     /// The conversion as of now.
     pub fn now() -> Self {
-        let at = lockcore::backend::now();
+        let at = lockcore::raw::now();
         Clock {
             ns: monotonic_ns(),
             at,
@@ -268,7 +268,7 @@ impl Soak {
                     }),
             );
         }
-        let summary = lockcore::history::check(&records)
+        let summary = lockcore::testing::history::check(&records)
             .unwrap_or_else(|v| panic!("the soak's history (journals in {}): {v}", dir.display()));
         // Leases of killed workers end by their ttl (or session); then
         // nothing of the soak may be left on the server.
@@ -559,7 +559,7 @@ async fn contend(
                 continue;
             }
         };
-        let acquired = lockcore::backend::now();
+        let acquired = lockcore::raw::now();
         let id = journal.next.fetch_add(1, Ordering::Relaxed);
         let fence = guard
             .fence()
@@ -578,7 +578,7 @@ async fn contend(
             () = guard.lost() => true,
             () = tokio::time::sleep(hold) => false,
         };
-        let ended = guard.validity_end(lockcore::backend::now());
+        let ended = guard.validity_end(lockcore::raw::now());
         let how = if lost || !guard.is_held() {
             format!("lost: {}", guard.lost_reason().unwrap_or("?"))
         } else {

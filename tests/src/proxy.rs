@@ -268,8 +268,9 @@ impl Proxies {
             Some((u, h)) => (format!("{u}@"), h),
             None => (String::new(), authority),
         };
-        let parsed = lockcore::address::ServerUrl::parse(&format!("x://{hosts}"), default_port)
-            .map_err(|e| bad(&e))?;
+        let parsed =
+            lockcore::raw::address::ServerUrl::parse(&format!("x://{hosts}"), default_port)
+                .map_err(|e| bad(&e))?;
         let mut routed = Vec::new();
         for h in &parsed.hosts {
             routed.push(self.route(&h.to_string()).await?);

@@ -238,7 +238,7 @@ fn target_trials(
     let made = rt
         .block_on(async { tokio::time::timeout(SETUP_LIMIT, (target.make)(config.clone())).await });
     let var = target.env.as_deref().unwrap_or("(none)");
-    let shown = lockcore::address::redact(&config);
+    let shown = lockcore::raw::address::redact(&config);
     let harness = match made {
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {

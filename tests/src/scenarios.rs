@@ -142,7 +142,7 @@ pub async fn paused_holder_is_fenced(ctx: &Ctx, resource: &dyn Resource) -> Repo
         .lock_timeout(&name, ttl * 3 + Duration::from_secs(5))
         .await
         .expect("another client gets the name once the paused lease expired");
-    let other_at = lockcore::backend::now();
+    let other_at = lockcore::raw::now();
     assert!(
         g.lost_token().is_cancelled(),
         "the paused holder's lost signal had not fired when another client got the name"

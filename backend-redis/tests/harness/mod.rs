@@ -104,7 +104,7 @@ impl Harness for Redis {
 /// The admin URL of each server a lock URL names: `redlock://a:1,b:2` →
 /// [`redis://a:1`, `redis://b:2`] (`rediss://` for TLS).
 fn servers(url: &str) -> Vec<String> {
-    lockcore::address::ServerUrl::parse(url, 6379)
+    lockcore::raw::address::ServerUrl::parse(url, 6379)
         .map(|u| {
             let scheme = if u.scheme.starts_with("rediss") {
                 "rediss"

@@ -48,7 +48,7 @@ impl Zk {
 
 /// The `host:port` list of a `zk://` URL.
 fn hosts_of(url: &str) -> String {
-    lockcore::address::ServerUrl::parse(url, 2181)
+    lockcore::raw::address::ServerUrl::parse(url, 2181)
         .map(|u| {
             u.hosts
                 .iter()

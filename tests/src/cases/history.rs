@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lockcore::history::History;
+use lockcore::testing::history::History;
 use lockcore::Wait;
 
 use super::{opts, SHORT_TTL};

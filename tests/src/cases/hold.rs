@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::history::History;
+use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LeaseKind, Wait};
 
 use super::{acquire_within, must_be_held, must_try, opts, SHORT_TTL, SLACK, TRY_BOUND};

@@ -12,7 +12,7 @@
 //! - ttls of 1 s are accepted (the contract's minimum);
 //! - a lease's validity is counted from before the request that proved it
 //!   was sent, less the drift allowance of
-//!   [`lockcore::backend::validity_deadline`] for a server in another process;
+//!   [`lockcore::raw::validity_deadline`] for a server in another process;
 //! - who holds a name is proven on the server (another client's `try`, or
 //!   `inspect`), never by the holder's own `is_held()`.
 

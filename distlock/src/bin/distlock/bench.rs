@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use distlock::Locker;
 use indicatif::{ProgressBar, ProgressStyle};
-use lockcore::bench as workload;
+use lockcore::testing::bench as workload;
 use lockcore::{Layout, LeaseKind};
 use serde_json::json;
 

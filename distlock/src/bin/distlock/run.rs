@@ -406,7 +406,7 @@ fn private_dir() -> std::io::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!(
         "distlock-{}-{}",
         std::process::id(),
-        distlock::OwnerToken::random()
+        distlock::raw::OwnerToken::random()
     ));
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)

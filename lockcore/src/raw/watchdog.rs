@@ -199,7 +199,8 @@ async fn run(watchdog: Weak<Watchdog>) {
 mod tests {
     use std::time::Duration;
 
-    use crate::{LockOptions, Locker, Wait};
+    use crate::locker::Locker;
+    use crate::options::{LockOptions, Wait};
 
     /// Leases held with renewal stay held while many short leases come and
     /// go through the same queue (keys are reused by the queue: a stale key

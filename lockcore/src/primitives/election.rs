@@ -1,5 +1,5 @@
 //! Leader election on any backend that keeps a value beside a lease
-//! ([`Capabilities::values`](crate::Capabilities::values)): campaign with a
+//! ([`Capabilities::values`](crate::capabilities::Capabilities::values)): campaign with a
 //! value, observe who leads, resign, and a leader's lost signal.
 //!
 //! **Layout.** An election is the lock of its own name: the leader is the
@@ -52,8 +52,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::LockGuard;
+use crate::locker::Locker;
 use crate::name::validate_primitive_name;
-use crate::{Error, ErrorKind, LockGuard, LockOptions, Locker, Result, Wait};
+use crate::options::{LockOptions, Wait};
 
 /// The longest value a candidate may campaign with, in bytes.
 pub const MAX_VALUE_BYTES: usize = 1024;
@@ -179,7 +182,7 @@ impl Election {
         }
         let guard = self
             .locker
-            .acquire_with(&self.name, opts, Some(value), crate::Mode::Exclusive)
+            .acquire_with(&self.name, opts, Some(value), crate::raw::Mode::Exclusive)
             .await?;
         Ok(guard.map(|guard| Leadership {
             guard,

@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt};
 
-use crate::sync::lock;
-use crate::{LockOptions, Locker, RwLock, Semaphore, Wait};
+use crate::locker::Locker;
+use crate::options::{LockOptions, Wait};
+use crate::primitives::rwlock::RwLock;
+use crate::primitives::semaphore::Semaphore;
+use crate::raw::sync::lock;
 
 /// The runtime benchmarks run on: multi-threaded, two workers (the
 /// machine's cores), timers and I/O on.
@@ -33,7 +36,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// # Errors
 ///
 /// The first error of an acquisition or release.
-pub async fn pairs(locker: &Locker, name: &str, until: Instant) -> crate::Result<u64> {
+pub async fn pairs(locker: &Locker, name: &str, until: Instant) -> crate::error::Result<u64> {
     let opts = LockOptions::new().wait(Wait::Try);
     let mut n = 0;
     while Instant::now() < until {
@@ -52,7 +55,7 @@ pub async fn uncontended(
     prefix: &str,
     tasks: usize,
     run: Duration,
-) -> crate::Result<f64> {
+) -> crate::error::Result<f64> {
     let start = Instant::now();
     let until = start + run;
     let handles: Vec<_> = (0..tasks)
@@ -65,19 +68,20 @@ pub async fn uncontended(
     for h in handles {
         total += h
             .await
-            .map_err(|e| crate::Error::backend_error("bench", format!("task: {e}")))??;
+            .map_err(|e| crate::error::Error::backend_error("bench", format!("task: {e}")))??;
     }
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
 /// A release to run: what a [`Take`] returns with what it took.
-pub type Release = BoxFuture<'static, crate::Result<()>>;
+pub type Release = BoxFuture<'static, crate::error::Result<()>>;
 
 /// One contender's way to take the contended thing with the options given
 /// (a lock, a read or write lock): its release, or `None` when the wait
 /// ended without it.
-pub type Take =
-    Arc<dyn Fn(LockOptions) -> BoxFuture<'static, crate::Result<Option<Release>>> + Send + Sync>;
+pub type Take = Arc<
+    dyn Fn(LockOptions) -> BoxFuture<'static, crate::error::Result<Option<Release>>> + Send + Sync,
+>;
 
 /// A [`Take`] of lock `name` through `locker`.
 pub fn take_lock(locker: Locker, name: &str) -> Take {
@@ -101,7 +105,7 @@ pub async fn handoffs(
     lockers: Vec<Locker>,
     name: &str,
     run: Duration,
-) -> crate::Result<Vec<Duration>> {
+) -> crate::error::Result<Vec<Duration>> {
     handoffs_of(
         lockers.into_iter().map(|l| take_lock(l, name)).collect(),
         run,
@@ -121,7 +125,7 @@ pub async fn rw_handoffs(
     reader: &Locker,
     name: &str,
     run: Duration,
-) -> crate::Result<Vec<Duration>> {
+) -> crate::error::Result<Vec<Duration>> {
     let (w, r) = (RwLock::new(writer, name)?, RwLock::new(reader, name)?);
     let write: Take = Arc::new(move |opts| {
         let w = w.clone();
@@ -162,11 +166,11 @@ pub async fn permit_handoffs(
     name: &str,
     permits: u32,
     run: Duration,
-) -> crate::Result<Vec<Duration>> {
+) -> crate::error::Result<Vec<Duration>> {
     let sem = Semaphore::new(holder, name, permits)?;
     let none_free = || {
-        crate::Error::new(
-            crate::ErrorKind::Backend,
+        crate::error::Error::new(
+            crate::error::ErrorKind::Backend,
             holder.backend_name(),
             format!("a semaphore of {permits} permits with {permits} - 1 held had none free"),
         )
@@ -194,7 +198,7 @@ pub async fn permit_handoffs(
         last.release().await?;
         let (p, got) = wait
             .await
-            .map_err(|e| crate::Error::backend_error("bench", format!("task: {e}")))?;
+            .map_err(|e| crate::error::Error::backend_error("bench", format!("task: {e}")))?;
         last = p?;
         samples.push(got.saturating_duration_since(released));
         turn += 1;
@@ -221,7 +225,7 @@ pub async fn permit_pairs(
     name: &str,
     permits: u32,
     run: Duration,
-) -> crate::Result<(f64, f64)> {
+) -> crate::error::Result<(f64, f64)> {
     let sem = Semaphore::new(locker, name, permits)?;
     let lock_name = format!("{name}/lock");
     let slice = run / 6;
@@ -252,7 +256,10 @@ pub async fn permit_pairs(
 /// # Errors
 ///
 /// The first error of an acquisition or release.
-pub async fn handoffs_of(contenders: Vec<Take>, run: Duration) -> crate::Result<Vec<Duration>> {
+pub async fn handoffs_of(
+    contenders: Vec<Take>,
+    run: Duration,
+) -> crate::error::Result<Vec<Duration>> {
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let samples: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let turn = Arc::new(tokio::sync::watch::channel(0u64).0);
@@ -268,7 +275,7 @@ pub async fn handoffs_of(contenders: Vec<Take>, run: Duration) -> crate::Result<
                 let release = match take(opts).await {
                     Ok(Some(r)) => r,
                     Ok(None) => break,
-                    Err(e) if e.kind() == crate::ErrorKind::Timeout => break,
+                    Err(e) if e.kind() == crate::error::ErrorKind::Timeout => break,
                     Err(e) => return Err(e),
                 };
                 let now = Instant::now();
@@ -286,7 +293,7 @@ pub async fn handoffs_of(contenders: Vec<Take>, run: Duration) -> crate::Result<
     }
     for t in tasks {
         t.await
-            .map_err(|e| crate::Error::backend_error("bench", format!("task: {e}")))??;
+            .map_err(|e| crate::error::Error::backend_error("bench", format!("task: {e}")))??;
     }
     let mut v = lock(&samples).clone();
     v.sort();
@@ -324,7 +331,7 @@ pub async fn hold_many(
     k: usize,
     ttl: Duration,
     run: Duration,
-) -> crate::Result<HeldReport> {
+) -> crate::error::Result<HeldReport> {
     let before = rss_kib();
     let opts = LockOptions::new().ttl(ttl).wait(Wait::Try);
     let mut guards = Vec::with_capacity(k);

@@ -36,7 +36,7 @@ impl fmt::Display for HostPort {
 /// is no `Display`, so that formatting it by mistake does not compile.
 ///
 /// ```
-/// use lockcore::address::Secret;
+/// use lockcore::raw::address::Secret;
 ///
 /// let s = Secret::new("hunter2");
 /// assert_eq!(format!("{s:?}"), "***");
@@ -98,7 +98,7 @@ impl ServerUrl {
     /// which part is wrong (and never contains the password).
     ///
     /// ```
-    /// use lockcore::address::ServerUrl;
+    /// use lockcore::raw::address::ServerUrl;
     ///
     /// let u = ServerUrl::parse("zk://app:s%40cret@h1:2181,h2/locks?acl=creator", 2181).unwrap();
     /// assert_eq!(u.hosts.len(), 2);
@@ -193,7 +193,7 @@ impl ServerUrl {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockcore::address::ServerUrl;
+/// use lockcore::raw::address::ServerUrl;
 ///
 /// let u = ServerUrl::parse("x://h?timeout_ms=250&tls=true&n=3", 1).unwrap();
 /// let mut o = u.options();
@@ -349,7 +349,7 @@ fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
 /// name says password or secret.
 ///
 /// ```
-/// use lockcore::address::redact;
+/// use lockcore::raw::address::redact;
 ///
 /// assert_eq!(redact("mysql://u:p@h/db"), "mysql://***@h/db");
 /// assert_eq!(redact("etcd://h?user=u&password=p"), "etcd://h?user=u&password=***");

@@ -64,16 +64,20 @@
 //! # Ok(()) }
 //! ```
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use futures_util::future::select_all;
-
+use crate::capabilities::Layout;
+use crate::error::{Error, ErrorKind, Result};
+use crate::locker::Locker;
 use crate::name::{validate_compound_name, PART_SEPARATOR};
-use crate::semaphore::{Permit, Semaphore};
-use crate::{
-    Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, OwnerToken, Result, Wait,
-};
+use crate::options::{LockOptions, Wait};
+use crate::primitives::semaphore::Semaphore;
+use crate::raw::{Mode, OwnerToken};
+
+mod guards;
+
+use guards::ReadHold;
+pub use guards::{ReadGuard, WriteGuard};
 
 /// The readers that may read at once in the built layout (a native one has
 /// no limit). Fixed: a reader and a writer that
@@ -215,7 +219,7 @@ impl RwLock {
             Err(e) => return Err(e),
         };
         gate.release().await?;
-        let permit = self.readers.acquire(&left(opts, began)).await?;
+        let permit = self.readers.acquire(&opts.left_since(began)).await?;
         Ok(permit.map(|permit| ReadGuard {
             hold: ReadHold::Slot(permit),
         }))
@@ -259,7 +263,7 @@ impl RwLock {
             let owner = writer_slot_owner(gate_owner, i);
             let slot = self
                 .locker
-                .acquire_as(&name, &left(opts, began), None, Mode::Exclusive, owner)
+                .acquire_as(&name, &opts.left_since(began), None, Mode::Exclusive, owner)
                 .await?;
             match slot {
                 Some(g) => slots.push(g),
@@ -306,162 +310,6 @@ pub(crate) fn writer_slot_owner(gate: OwnerToken, slot: u32) -> OwnerToken {
     let h = mix(hi ^ mix(lo ^ s));
     let l = mix(lo ^ mix(hi.rotate_left(17) ^ s.wrapping_mul(0xD6E8_FEB8_6659_FD93)));
     OwnerToken::from_u128((u128::from(h) << 64) | u128::from(l))
-}
-
-/// `opts` with what is left of its wait since `began`.
-pub(crate) fn left(opts: &LockOptions, began: Instant) -> LockOptions {
-    match opts.get_wait() {
-        Wait::For(d) => opts.wait(Wait::For(
-            began
-                .checked_add(d)
-                .map_or(d, |end| end.saturating_duration_since(Instant::now())),
-        )),
-        _ => *opts,
-    }
-}
-
-/// A held read lock: a reader node of a native layout, or one reader slot
-/// of the built one.
-#[derive(Debug)]
-#[must_use = "the read lock is released as soon as the guard is dropped"]
-pub struct ReadGuard {
-    hold: ReadHold,
-}
-
-/// What a reader holds.
-#[derive(Debug)]
-enum ReadHold {
-    /// A reader slot of the built layout.
-    Slot(Permit),
-    /// A reader's hold on the name in the backend's own layout.
-    Node(LockGuard),
-}
-
-impl ReadGuard {
-    /// The reader's fencing token (see the [module docs](self)).
-    pub fn fence(&self) -> Option<u64> {
-        match &self.hold {
-            ReadHold::Slot(p) => p.fence(),
-            ReadHold::Node(g) => g.fence(),
-        }
-    }
-
-    /// Whether the read lock is still held.
-    pub fn is_held(&self) -> bool {
-        match &self.hold {
-            ReadHold::Slot(p) => p.is_held(),
-            ReadHold::Node(g) => g.is_held(),
-        }
-    }
-
-    /// Resolves when the read lock's lease is lost.
-    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let token = match &self.hold {
-            ReadHold::Slot(p) => p.lost_token(),
-            ReadHold::Node(g) => g.lost_token(),
-        };
-        token.cancelled_owned()
-    }
-
-    /// The reader's lock guard, to hold the read lock as a lock.
-    pub fn into_guard(self) -> LockGuard {
-        match self.hold {
-            ReadHold::Slot(p) => p.into_guard(),
-            ReadHold::Node(g) => g,
-        }
-    }
-
-    /// Lets the read lock go.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockGuard::release`].
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockGuard::release`].
-    pub async fn release(self) -> Result<()> {
-        match self.hold {
-            ReadHold::Slot(p) => p.release().await,
-            ReadHold::Node(g) => g.release().await,
-        }
-    }
-}
-
-/// A held write lock: the writer's hold on the name in a native layout, or
-/// the writers' gate and every reader slot in the built one.
-#[derive(Debug)]
-#[must_use = "the write lock is released as soon as the guard is dropped"]
-pub struct WriteGuard {
-    gate: LockGuard,
-    slots: Vec<LockGuard>,
-}
-
-impl WriteGuard {
-    /// The writer's fencing token, strictly rising across writers (the
-    /// gate's in the built layout; `None` where the backend has none).
-    pub fn fence(&self) -> Option<u64> {
-        self.gate.fence()
-    }
-
-    /// Whether every part of the write lock is still held.
-    pub fn is_held(&self) -> bool {
-        self.gate.is_held() && self.slots.iter().all(LockGuard::is_held)
-    }
-
-    /// The validity deadline of the write lock on this process's monotonic
-    /// clock (the earliest of its parts'), while every part is held.
-    pub fn valid_until(&self) -> Option<std::time::Instant> {
-        std::iter::once(&self.gate)
-            .chain(&self.slots)
-            .map(LockGuard::valid_until)
-            .try_fold(None, |soonest: Option<Instant>, v| {
-                v.map(|v| Some(soonest.map_or(v, |s| s.min(v))))
-            })
-            .flatten()
-    }
-
-    /// Why the write lock was lost (the first lost part's reason), once it
-    /// was.
-    pub fn lost_reason(&self) -> Option<&'static str> {
-        std::iter::once(&self.gate)
-            .chain(&self.slots)
-            .find_map(LockGuard::lost_reason)
-    }
-
-    /// Resolves when the lease of any part is lost: the write lock can no
-    /// longer be trusted then.
-    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let all: Vec<_> = std::iter::once(&self.gate)
-            .chain(&self.slots)
-            .map(|g| Box::pin(g.lost()))
-            .collect();
-        async move {
-            select_all(all).await;
-        }
-    }
-
-    /// Lets the write lock go: the reader slots, then the gate (in a native
-    /// layout, the one hold).
-    ///
-    /// # Errors
-    ///
-    /// The first error of the parts' releases (every part is released).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockGuard::release`]: parts whose release is dropped are
-    /// released in the background.
-    pub async fn release(self) -> Result<()> {
-        let mut first = Ok(());
-        for g in self.slots {
-            if let Err(e) = g.release().await {
-                first = first.and(Err(e));
-            }
-        }
-        let gate = self.gate.release().await;
-        first.and(gate)
-    }
 }
 
 #[cfg(test)]

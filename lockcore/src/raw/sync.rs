@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// use std::sync::Mutex;
 ///
 /// let m = Mutex::new(1);
-/// *lockcore::sync::lock(&m) += 1;
-/// assert_eq!(*lockcore::sync::lock(&m), 2);
+/// *lockcore::raw::sync::lock(&m) += 1;
+/// assert_eq!(*lockcore::raw::sync::lock(&m), 2);
 /// ```
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)

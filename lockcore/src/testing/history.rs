@@ -71,7 +71,7 @@ pub struct Summary {
 /// A recorder of leases, cheap to clone and share between tasks.
 ///
 /// ```
-/// use lockcore::{Locker, history::History};
+/// use lockcore::{testing::history::History, Locker};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> lockcore::Result<()> {
@@ -105,13 +105,13 @@ impl History {
 
     /// Records that `guard` was just acquired.
     pub fn acquired(&self, guard: &LockGuard) -> RecordId {
-        self.record(guard.name(), guard.fence(), crate::backend::now(), None)
+        self.record(guard.name(), guard.fence(), crate::raw::now(), None)
     }
 
     /// Records that the lease of `guard` ends now (call it before releasing),
     /// or ended earlier if it was lost.
     pub fn ended(&self, id: RecordId, guard: &LockGuard) {
-        let end = guard.validity_end(crate::backend::now());
+        let end = guard.validity_end(crate::raw::now());
         if let Some(r) = self.records().get_mut(id.0) {
             r.ended = Some(end);
         }

@@ -77,8 +77,13 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::capabilities::Layout;
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::LockGuard;
+use crate::locker::Locker;
 use crate::name::{validate_compound_name, PART_SEPARATOR};
-use crate::{Error, ErrorKind, Layout, LockGuard, LockOptions, Locker, Mode, Result, Wait};
+use crate::options::{LockOptions, Wait};
+use crate::raw::Mode;
 
 /// The most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 1000;
@@ -252,7 +257,7 @@ impl Semaphore {
             return Ok(None);
         }
         // The tries counted against the wait.
-        let wait_opts = crate::rwlock::left(opts, began);
+        let wait_opts = opts.left_since(began);
         self.wait_any(&wait_opts).await
     }
 

@@ -16,7 +16,7 @@ thread_local! {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockcore::retry::{jitter_between, seed_jitter};
+/// use lockcore::raw::retry::{jitter_between, seed_jitter};
 ///
 /// let (lo, hi) = (Duration::ZERO, Duration::from_secs(1));
 /// seed_jitter(Some(7));
@@ -46,7 +46,7 @@ fn seeded_next() -> Option<u64> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockcore::retry::Backoff;
+/// use lockcore::raw::retry::Backoff;
 ///
 /// let mut b = Backoff::new(Duration::from_millis(10), Duration::from_millis(200));
 /// for _ in 0..10 {

@@ -1,0 +1,325 @@
+//! The state of one held lease, shared by its guards (one per hold) and the
+//! watchdog: validity, renewal in send order, the lost signal, release.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::raw::retry::Backoff;
+use crate::raw::sync::lock;
+use crate::raw::watchdog::{CheckFuture, Timer, Watchdog, Watched};
+use crate::raw::{BackendLease, Grant, Released, Renewal};
+
+/// The queue's resolution is a millisecond and may fire up to one early:
+/// deadlines checked for having passed are scheduled this much later.
+const TIMER_SLACK: Duration = Duration::from_millis(1);
+
+fn renew_interval(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// One lease, shared by its guards and its watchdog.
+pub(crate) struct Held {
+    pub(crate) name: String,
+    pub(crate) backend: &'static str,
+    pub(crate) fence: Option<u64>,
+    pub(crate) lease: Box<dyn BackendLease>,
+    pub(crate) lost: CancellationToken,
+    pub(crate) renew: bool,
+    pub(crate) holds: AtomicUsize,
+    timer: Timer,
+    /// A strong reference: the lease keeps its renewals going however long
+    /// it outlives the `Locker` it came from.
+    watchdog: Arc<Watchdog>,
+    /// One renewal at a time, so results apply in the order sent.
+    renewing: tokio::sync::Mutex<()>,
+    failures: AtomicU32,
+    ttl: Mutex<Duration>,
+    valid_until: Mutex<Instant>,
+    released: AtomicBool,
+    /// The holder abandoned the lease: no hold releases it on the server.
+    pub(crate) abandoned: AtomicBool,
+    lost_reason: OnceLock<&'static str>,
+    lost_at: OnceLock<Instant>,
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("name", &self.name)
+            .field("backend", &self.backend)
+            .field("fence", &self.fence)
+            .field("lost", &self.lost.is_cancelled())
+            .field("released", &self.released.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Held {
+    /// A new lease from `grant`, watched by `watchdog` from now on.
+    pub(crate) fn start(
+        name: String,
+        backend: &'static str,
+        grant: Grant,
+        lost: CancellationToken,
+        ttl: Duration,
+        renew: bool,
+        watchdog: Arc<Watchdog>,
+    ) -> Arc<Held> {
+        let held = Arc::new(Held {
+            name,
+            backend,
+            fence: grant.fence,
+            lease: grant.lease,
+            lost,
+            renew,
+            holds: AtomicUsize::new(1),
+            timer: Timer::default(),
+            watchdog,
+            renewing: tokio::sync::Mutex::new(()),
+            failures: AtomicU32::new(0),
+            ttl: Mutex::new(ttl),
+            valid_until: Mutex::new(grant.valid_until),
+            released: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            lost_reason: OnceLock::new(),
+            lost_at: OnceLock::new(),
+        });
+        let first = if renew {
+            (crate::raw::now() + renew_interval(ttl)).min(held.valid_until())
+        } else {
+            held.valid_until() + TIMER_SLACK
+        };
+        held.schedule(first, true);
+        held
+    }
+
+    fn schedule(self: &Arc<Self>, at: Instant, new: bool) {
+        let me: Arc<dyn Watched> = self.clone();
+        self.watchdog.schedule(&me, at, new);
+    }
+
+    /// Schedules the next check after `extend` changed the lease (or may
+    /// have): a renewal, or the validity deadline, whichever comes first.
+    pub(crate) fn rescheduled(self: &Arc<Self>) {
+        let next = if self.renew {
+            (crate::raw::now() + renew_interval(self.ttl())).min(self.valid_until())
+        } else {
+            self.valid_until() + TIMER_SLACK
+        };
+        self.schedule(next, false);
+    }
+
+    /// Before a renewal with `ttl` is sent: whatever comes of it (a lost
+    /// reply, a dropped call), the server may have shortened the lease to
+    /// `ttl` from now, so the lease counts as valid no longer than that, and
+    /// the watchdog looks at that deadline.
+    pub(crate) fn may_shorten_to(self: &Arc<Self>, ttl: Duration) {
+        let bound = crate::raw::validity_deadline(crate::raw::now(), ttl);
+        let lowered = {
+            let mut until = lock(&self.valid_until);
+            let lower = bound < *until;
+            if lower {
+                *until = bound;
+            }
+            lower
+        };
+        if lowered {
+            self.rescheduled();
+        }
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        *lock(&self.ttl)
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        *lock(&self.valid_until)
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<&'static str> {
+        self.lost_reason.get().copied()
+    }
+
+    pub(crate) fn lost_at(&self) -> Option<Instant> {
+        self.lost_at.get().copied()
+    }
+
+    pub(crate) fn stop_watchdog(&self) {
+        self.watchdog.forget(&self.timer);
+    }
+
+    /// Raises the lost signal (once) with a reason.
+    pub(crate) fn mark_lost(&self, reason: &'static str) {
+        let _ = self.lost_at.set(crate::raw::now().min(self.valid_until()));
+        if self.lost_reason.set(reason).is_ok() && !self.released.load(Ordering::Relaxed) {
+            tracing::warn!(backend = self.backend, name = %self.name, fence = ?self.fence, reason, "lock lease lost");
+        }
+        self.lost.cancel();
+    }
+
+    /// Drops one hold; true when it was the last one (the lease must go).
+    pub(crate) fn drop_hold(&self) -> bool {
+        self.holds.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        if self.released.load(Ordering::Acquire) || self.lost.is_cancelled() {
+            return false;
+        }
+        if crate::raw::now() >= self.valid_until() {
+            self.mark_lost("the validity deadline passed without a successful renewal");
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn lost_error(&self, what: &str) -> Error {
+        let reason = self
+            .lost_reason
+            .get()
+            .copied()
+            .unwrap_or("the lease is no longer held");
+        Error::new(ErrorKind::Lost, self.backend, format!("{what}: {reason}"))
+            .with_name(self.name.clone())
+    }
+
+    /// Releases the lease on the server (the last hold is gone).
+    /// Waits for a renewal in flight first: a renewal that lands after the
+    /// release could take the lease back on the server (RedLock retakes a
+    /// key an instance lost).
+    pub(crate) async fn release_lease(&self) -> Result<()> {
+        self.stop_watchdog();
+        if self.abandoned.load(Ordering::Acquire) {
+            // Left to end by its ttl, session or connection.
+            return Err(self.lost_error("the lease was abandoned"));
+        }
+        let was_lost = !self.is_held();
+        self.released.store(true, Ordering::Release);
+        let _turn = self.renewing.lock().await;
+        match self.lease.release().await {
+            Ok(Released::Released) if !was_lost => Ok(()),
+            Ok(Released::Released) => Err(self.lost_error(
+                "released, but the lease had been lost before (the server still had it)",
+            )),
+            Ok(Released::NotHeld) => {
+                self.mark_lost("the server no longer held the lease at release");
+                Err(self.lost_error("release found the lease gone"))
+            }
+            Err(e) => Err(e.or_name(&self.name)),
+        }
+    }
+
+    /// Renews now, with `ttl` from then on if given (else the current ttl).
+    /// Renewals run one at a time, so their results apply in the order they
+    /// were sent: a slow earlier reply never overwrites a later one.
+    pub(crate) async fn renew_now(self: &Arc<Self>, ttl: Option<Duration>) -> Result<()> {
+        let _turn = self.renewing.lock().await;
+        if !self.is_held() {
+            return Err(self.lost_error("cannot renew"));
+        }
+        if let Some(t) = ttl {
+            // A ttl the lease cannot take is refused before anything
+            // changes, on the client as on the server.
+            self.lease.check_ttl(t).map_err(|e| e.or_name(&self.name))?;
+            // Under the turn, so that no renewal sent earlier can restore
+            // the longer validity afterwards.
+            self.may_shorten_to(t);
+        }
+        let use_ttl = ttl.unwrap_or_else(|| self.ttl());
+        let deadline = self.valid_until();
+        let sent = crate::raw::now();
+        let outcome = tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl)).await;
+        if !matches!(outcome, Ok(Ok(_))) {
+            // The request may have applied: a shorter ttl may then have
+            // shortened the lease on the server. Count it valid no longer
+            // than that would allow.
+            let mut until = lock(&self.valid_until);
+            *until = (*until).min(crate::raw::validity_deadline(sent, use_ttl));
+        }
+        match outcome {
+            Ok(Ok(Renewal::Renewed { valid_until })) => {
+                if !self.lost.is_cancelled() {
+                    *lock(&self.valid_until) = valid_until;
+                    if let Some(t) = ttl {
+                        *lock(&self.ttl) = t;
+                    }
+                }
+                Ok(())
+            }
+            Ok(Ok(Renewal::Lost)) => {
+                self.mark_lost(
+                    "renewal refused: the server no longer holds this lease for this owner",
+                );
+                Err(self.lost_error("renewal refused"))
+            }
+            Ok(Err(e)) if e.kind() == ErrorKind::Lost => {
+                self.mark_lost("the backend reported the lease lost during renewal");
+                Err(e.or_name(&self.name))
+            }
+            Ok(Err(e)) => Err(e.or_name(&self.name)),
+            Err(_) => {
+                self.mark_lost("the validity deadline passed while a renewal was in flight");
+                Err(self.lost_error("renewal did not answer before the validity deadline"))
+            }
+        }
+    }
+
+    /// The watchdog's check: renew (or look again at the validity deadline
+    /// when renewal is off); retry a failed renewal with jittered backoff
+    /// while the lease is valid; stop once it is lost or released.
+    async fn watchdog_check(self: Arc<Self>) -> Option<Instant> {
+        if !self.is_held() {
+            // Released, lost, or its validity deadline passed (is_held raised
+            // the lost signal then).
+            return None;
+        }
+        if !self.renew {
+            // Not due yet (the deadline was moved by extend): look again then.
+            return Some(self.valid_until() + TIMER_SLACK);
+        }
+        let sent = crate::raw::now();
+        match self.renew_now(None).await {
+            Ok(()) => {
+                self.failures.store(0, Ordering::Relaxed);
+                Some((sent + renew_interval(self.ttl())).min(self.valid_until()))
+            }
+            Err(e) if e.kind() == ErrorKind::Lost => None,
+            Err(e) => {
+                let ttl = self.ttl();
+                let failures = self.failures.fetch_add(1, Ordering::Relaxed);
+                let mut backoff = Backoff::new(
+                    (ttl / 30).max(Duration::from_millis(10)),
+                    (ttl / 6).max(Duration::from_millis(20)),
+                );
+                let mut delay = backoff.next_delay();
+                for _ in 0..failures.min(16) {
+                    delay = backoff.next_delay();
+                }
+                tracing::warn!(backend = self.backend, name = %self.name, error = %e, retry_in = ?delay, "lease renewal failed; retrying while the lease is valid");
+                Some((crate::raw::now() + delay).min(self.valid_until()))
+            }
+        }
+    }
+}
+
+impl Watched for Held {
+    fn timer(&self) -> &Timer {
+        &self.timer
+    }
+
+    fn not_after(&self) -> Instant {
+        self.valid_until() + TIMER_SLACK
+    }
+
+    fn check(self: Arc<Self>) -> CheckFuture {
+        Box::pin(self.watchdog_check())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,48 @@
+//! What a backend author needs, and an application does not: the
+//! [`Backend`] and [`BackendLease`] traits, the [`AcquireRequest`] a backend
+//! answers, the clock and deadline helpers, server addresses, retry and
+//! backoff.
+//!
+//! A backend maps acquire, renew and release onto its server and nothing
+//! more: name and option validation, reentrancy, the watchdog, the lost
+//! signal and the guard live in [`Locker`](crate::locker::Locker), once for all
+//! backends. `tests/README.md` in the repository is the guide to writing
+//! one, and the conformance suite checks it.
+//!
+//! Everything a backend crate uses, in one import:
+//!
+//! ```
+//! use lockcore::raw::prelude::*;
+//! ```
+
+pub mod address;
+mod backend;
+pub(crate) mod held;
+mod lease;
+mod request;
+pub mod retry;
+pub mod sync;
+mod time;
+pub(crate) mod watchdog;
+
+pub use async_trait::async_trait;
+pub use backend::Backend;
+pub use lease::{BackendLease, Grant, Released, Renewal};
+pub use request::{AcquireRequest, Deadline, Mode, OwnerToken};
+pub use time::{now, validity_deadline, whole_seconds, within};
+
+/// What a backend crate needs, in one import:
+/// `use lockcore::raw::prelude::*;`.
+pub mod prelude {
+    pub use async_trait::async_trait;
+    pub use tokio_util::sync::CancellationToken;
+
+    pub use super::{
+        now, validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease,
+        Deadline, Grant, Mode, OwnerToken, Released, Renewal,
+    };
+    pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind};
+    pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};
+    pub use crate::error::{Error, ErrorKind, Result};
+    pub use crate::info::{HolderInfo, Listing, LockInfo, Role};
+}
