@@ -10,9 +10,9 @@ use lockcore::Role;
 use crate::config::NAME;
 use crate::core::{rw_row, MysqlBackend};
 use crate::lease::MysqlLease;
+use crate::publish::publish;
 use crate::slots::counter_row;
 use crate::sql::FOREVER_CHUNK_SECS;
-use crate::transaction::publish;
 
 #[async_trait]
 impl Backend for MysqlBackend {

@@ -11,8 +11,8 @@ use sqlx::AssertSqlSafe;
 use crate::config::NAME;
 use crate::core::Shared;
 use crate::holding::Holding;
+use crate::publish::publish;
 use crate::sql::is_user_lock_name;
-use crate::transaction::publish;
 
 /// A held row lock: the open transaction on its pinned connection.
 pub(crate) struct MysqlLease {

@@ -211,12 +211,14 @@
 mod backend;
 pub mod config;
 mod core;
+mod counter;
 mod error;
 mod holder;
 mod holding;
 mod idle;
 mod lease;
 mod listing;
+mod publish;
 mod slots;
 mod sql;
 mod transaction;

@@ -5,16 +5,14 @@ use std::time::{Duration, Instant};
 
 use lockcore::raw::prelude::*;
 
+use crate::client::{client, connect_cluster};
 use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
-use crate::conn::{self, Conn, Managed};
+use crate::conn::Conn;
 use crate::error::map_err;
 use crate::lease::{release, RedisLease};
+use crate::managed::Managed;
 use crate::scripts::{ttl_ms, Keys, ACQUIRE, FENCE_KEEP, INSPECT};
-use crate::wake::{Subscription, Wakeups};
-
-/// The longest a waiter sleeps between attempts when no wake-up comes (a
-/// bounded fallback for a lost pub/sub connection).
-pub(crate) const FALLBACK_POLL: Duration = Duration::from_secs(2);
+use crate::wake::{wait_turn, Subscription, Wakeups};
 
 /// Locks on one Redis instance or a Redis Cluster.
 ///
@@ -57,7 +55,7 @@ impl RedisBackend {
                     .collect::<Vec<_>>()
                     .join(",");
                 (
-                    Conn::Cluster(conn::connect_cluster(nodes, &cfg).await?),
+                    Conn::Cluster(connect_cluster(nodes, &cfg).await?),
                     first.clone(),
                     shown,
                 )
@@ -71,7 +69,7 @@ impl RedisBackend {
         };
         // Classic PUBLISH reaches every node of a cluster, so one node's
         // pub/sub connection hears every release.
-        let client = conn::client(&wake_node, &cfg)?;
+        let client = client(&wake_node, &cfg)?;
         Ok(RedisBackend {
             wake: Wakeups::new(client, cfg.response_timeout),
             conn,
@@ -112,34 +110,6 @@ impl RedisBackend {
             ));
         }
         Ok(())
-    }
-}
-
-/// Waits for a wake-up, the holder's expiry, the fallback poll or the
-/// deadline, whichever comes first.
-pub(crate) async fn wait_turn(subs: &mut [Subscription], holder_pttl: i64, deadline: Deadline) {
-    let nap = match u64::try_from(holder_pttl) {
-        Ok(ms) => Duration::from_millis(ms + 1).min(FALLBACK_POLL),
-        Err(_) if holder_pttl == -2 => Duration::ZERO, // gone meanwhile
-        Err(_) => FALLBACK_POLL,                       // no expiry, or unknown
-    };
-    let nap = if subs.iter().any(Subscription::live) {
-        nap
-    } else {
-        nap.min(Duration::from_millis(100))
-    };
-    let mut until = Instant::now() + nap;
-    if let Some(d) = deadline.instant() {
-        until = until.min(d);
-    }
-    if subs.is_empty() {
-        tokio::time::sleep_until(until.into()).await;
-        return;
-    }
-    let woken = futures_util::future::select_all(subs.iter_mut().map(|s| Box::pin(s.changed())));
-    tokio::select! {
-        _ = woken => {}
-        () = tokio::time::sleep_until(until.into()) => {}
     }
 }
 

@@ -54,10 +54,12 @@
 //! ```
 
 mod backend;
+mod client;
 pub mod config;
 mod conn;
 mod error;
 mod lease;
+mod managed;
 mod redlock;
 mod scripts;
 mod wake;

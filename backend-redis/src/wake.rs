@@ -19,11 +19,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use lockcore::raw::retry::Backoff;
 use lockcore::raw::sync::lock;
+use lockcore::raw::Deadline;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -321,5 +322,37 @@ async fn serve(
                 }
             }
         }
+    }
+}
+
+/// The longest a waiter sleeps between attempts when no wake-up comes (a
+/// bounded fallback for a lost pub/sub connection).
+pub(crate) const FALLBACK_POLL: Duration = Duration::from_secs(2);
+
+/// Waits for a wake-up, the holder's expiry, the fallback poll or the
+/// deadline, whichever comes first.
+pub(crate) async fn wait_turn(subs: &mut [Subscription], holder_pttl: i64, deadline: Deadline) {
+    let nap = match u64::try_from(holder_pttl) {
+        Ok(ms) => Duration::from_millis(ms + 1).min(FALLBACK_POLL),
+        Err(_) if holder_pttl == -2 => Duration::ZERO, // gone meanwhile
+        Err(_) => FALLBACK_POLL,                       // no expiry, or unknown
+    };
+    let nap = if subs.iter().any(Subscription::live) {
+        nap
+    } else {
+        nap.min(Duration::from_millis(100))
+    };
+    let mut until = Instant::now() + nap;
+    if let Some(d) = deadline.instant() {
+        until = until.min(d);
+    }
+    if subs.is_empty() {
+        tokio::time::sleep_until(until.into()).await;
+        return;
+    }
+    let woken = futures_util::future::select_all(subs.iter_mut().map(|s| Box::pin(s.changed())));
+    tokio::select! {
+        _ = woken => {}
+        () = tokio::time::sleep_until(until.into()) => {}
     }
 }

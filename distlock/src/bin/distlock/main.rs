@@ -21,6 +21,8 @@ mod out;
 mod run;
 mod show;
 mod supervise;
+mod taking;
+mod under;
 
 use std::process::ExitCode;
 

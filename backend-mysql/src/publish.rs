@@ -1,0 +1,158 @@
+//! A holder names itself on its holding connection with a user lock, for
+//! inspection by any client.
+
+use std::time::Duration;
+
+use lockcore::raw::prelude::*;
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::config::NAME;
+use crate::core::Shared;
+use crate::error::{map_err, timed_out};
+use crate::holding::Holding;
+use crate::sql::is_user_lock_name;
+
+/// The holder of a lock publishes itself on its holding connection: it
+/// takes the row's user lock (`GET_LOCK`), which ends with the
+/// connection and which it lets go of before its row
+/// ([`MysqlLease`](crate::lease::MysqlLease)'s release), so that
+/// `IS_USED_LOCK` names the holder's connection
+/// ([`Backend::inspect`]). The
+/// round trip also proves the holding transaction alive.
+///
+/// Keeps the user lock's name in the holding (`Holding::user_lock`),
+/// none when another session holds it: the lock is granted all the same
+/// (the row is what excludes), and inspection, which then finds the user
+/// lock held by a session the fencing row does not name, says it cannot
+/// tell. Any session can take a user lock, so one must never keep a holder
+/// from its row. A previous holder whose connection died may keep it a
+/// moment after its row (the server rolls back before it frees user
+/// locks), so an acquisition with time to spare gives it `wait` seconds;
+/// one left unpublished tries again at each renewal
+/// ([`MysqlLease`](crate::lease::MysqlLease)), with no wait.
+///
+/// Left unpublished at its acquisition (`term`, its fencing token, is
+/// given then), the holder takes the user lock of its term instead
+/// ([`publish_term`]), which no earlier holder ever takes: once the other
+/// session lets go of the row's user lock, inspection finds the row's
+/// user lock free and the term's held by the connection the fencing row
+/// names, and names the holder, rather than showing the name free until
+/// the next renewal publishes it.
+///
+/// # Cancel safety
+///
+/// A dropped call leaves its reply unread on the holding connection, which
+/// must not be used again: the acquisition's dirty [`Holding`] is closed
+/// when dropped, and a renewal's is marked in flight.
+pub(crate) async fn publish(
+    sh: &Shared,
+    h: &mut Holding,
+    row: &str,
+    wait: u64,
+    term: Option<u64>,
+) -> Result<()> {
+    let what = "publishing the holder (GET_LOCK)";
+    let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
+    let asking = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
+        .bind(row.as_bytes())
+        .bind(wait)
+        .bind(row.as_bytes());
+    match get_user_lock(sh, h, asking, what, limit).await? {
+        UserLock::Ours(key) => {
+            h.user_lock = Some(key);
+            Ok(())
+        }
+        UserLock::Another(key) => {
+            if wait > 0 {
+                tracing::warn!(
+                    row,
+                    key,
+                    "another session holds this lock's user lock: the lock is held, but inspection cannot name its holder while that session holds it (it names it by its term once that session lets go, and by the user lock once a renewal takes it)"
+                );
+            } else {
+                tracing::debug!(row, key, "this lock's user lock is still another session's");
+            }
+            match term {
+                Some(fence) if h.term_lock.is_none() => publish_term(sh, h, row, fence).await,
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+/// Who holds a user lock after a `GET_LOCK` (its name in the reply's
+/// second column).
+enum UserLock {
+    /// This session took it.
+    Ours(String),
+    /// Another session holds it.
+    Another(String),
+}
+
+/// Sends `asking` (a `GET_LOCK` and the lock's name) on the holding
+/// connection within `limit`.
+///
+/// # Cancel safety
+///
+/// As [`publish`].
+async fn get_user_lock(
+    sh: &Shared,
+    h: &mut Holding,
+    asking: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
+    what: &str,
+    limit: Duration,
+) -> Result<UserLock> {
+    let got = tokio::time::timeout(limit, asking.fetch_one(h.conn()?))
+        .await
+        .map_err(|_| timed_out(what, &sh.server, limit))?
+        .map_err(|e| map_err(e, what, &sh.server))?;
+    let (taken, key) = (
+        got.try_get::<Option<i64>, _>(0)
+            .map_err(|e| map_err(e, what, &sh.server))?,
+        got.try_get::<String, _>(1)
+            .map_err(|e| map_err(e, what, &sh.server))?,
+    );
+    match taken {
+        Some(1) if is_user_lock_name(&key) => Ok(UserLock::Ours(key)),
+        Some(1) => Err(Error::backend_error(
+            NAME,
+            format!("the server named a user lock {key:?}, not one of ours"),
+        )),
+        _ => Ok(UserLock::Another(key)),
+    }
+}
+
+/// The holder of term `fence` of `row`, whose row's user lock is another
+/// session's, takes the user lock of its term (`GET_LOCK` without waiting)
+/// and keeps its name in the holding (`Holding::term_lock`), to let go of
+/// before its row. Any session may take a user lock, so one found taken
+/// (by a session that computed its name) is left alone: the holder is
+/// then shown held with no owner until a renewal publishes it.
+///
+/// # Cancel safety
+///
+/// As [`publish`].
+async fn publish_term(sh: &Shared, h: &mut Holding, row: &str, fence: u64) -> Result<()> {
+    let what = "publishing the holder's term (GET_LOCK)";
+    let limit = sh.cfg.request_timeout;
+    let asking = sqlx::query(AssertSqlSafe(sh.sql.term_lock.clone()))
+        .bind(row.as_bytes())
+        .bind(fence)
+        .bind(row.as_bytes())
+        .bind(fence);
+    match get_user_lock(sh, h, asking, what, limit).await? {
+        UserLock::Ours(key) => {
+            h.term_lock = Some(key);
+            Ok(())
+        }
+        UserLock::Another(key) => {
+            tracing::warn!(
+                row,
+                key,
+                fence,
+                "another session holds the user lock of this lock's term too: inspection shows the lock held with no owner until a renewal publishes it"
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! A lease held on a majority of the masters.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::raw::prelude::*;
+
+use super::quorum::*;
+use crate::config::NAME;
+use crate::managed::Managed;
+use crate::scripts::{ttl_ms, Keys, RENEW_OR_MISSING};
+
+#[derive(Debug)]
+pub(super) struct RedLockLease {
+    pub(super) instances: Arc<Vec<Instance>>,
+    pub(super) response_timeout: Duration,
+    pub(super) keys: Keys,
+    pub(super) token: String,
+    pub(super) quorum: usize,
+    pub(super) limit: Duration,
+    /// The acquire's calls still out when it returned: the release is sent
+    /// on each of their instances once the call there finished.
+    pub(super) acquiring: Straggling,
+}
+
+#[async_trait]
+impl BackendLease for RedLockLease {
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        let sent = Instant::now();
+        let ttl_arg = ttl_ms(ttl);
+        let call = Call {
+            key: self.keys.lock.clone(),
+            ask: Ask::Script(&RENEW_OR_MISSING, vec![self.token.clone(), ttl_arg.clone()]),
+            limit: self.limit,
+        };
+        let replies = on_all(&self.instances, call).await;
+        let mut renewed = count(&replies, 1);
+        let refused = count(&replies, 0);
+        // Renewed on a majority: take the key back where an instance lost it
+        // (restarted without persistence), with NX, so that restarts one
+        // after another never leave the holder on a minority (redsync #149).
+        // Without a majority nothing is taken back: a lease an operator
+        // deleted everywhere stays deleted.
+        if renewed >= self.quorum {
+            let missing: Vec<Arc<Managed>> = self
+                .instances
+                .iter()
+                .zip(&replies)
+                .filter(|(_, r)| matches!(r, Some((-1, _))))
+                .map(|(i, _)| i.conn.clone())
+                .collect();
+            if !missing.is_empty() {
+                let call = Call {
+                    key: self.keys.lock.clone(),
+                    ask: Ask::SetNx {
+                        token: self.token.clone(),
+                        ttl: ttl_arg,
+                    },
+                    limit: self.limit,
+                };
+                let (retaken, _) = on_each(&missing, call, |_| false, Straggling::default()).await;
+                renewed += count(&retaken, 1);
+            }
+        }
+        let valid_until = validity_deadline(sent, ttl);
+        if renewed >= self.quorum && Instant::now() < valid_until {
+            return Ok(Renewal::Renewed { valid_until });
+        }
+        if refused > self.instances.len() - self.quorum {
+            return Ok(Renewal::Lost);
+        }
+        Err(Error::unavailable(
+            NAME,
+            format!(
+                "RedLock renewal: {renewed} of {} instances renewed, {} needed",
+                self.instances.len(),
+                self.quorum
+            ),
+        ))
+    }
+
+    /// Compare-and-delete on every instance, returning once a majority
+    /// released it or all answered (the rest finish in the background):
+    /// `NotHeld` when too many answered that it was not this owner's for a
+    /// majority to have held it (the lease was lost, even if a minority
+    /// still had it), `Released` when a majority released it; otherwise
+    /// `Indeterminate`, and the keys that remain end by their ttl.
+    async fn release(&self) -> Result<Released> {
+        // Sent on each instance after the acquire's call there, if that
+        // was still out.
+        let acquiring = self.acquiring.clone();
+        let n = release_all(
+            self.instances.clone(),
+            self.response_timeout,
+            self.keys.clone(),
+            self.token.clone(),
+            acquiring,
+        )
+        .await;
+        // As a renewal counts: lost once too many refused for a majority
+        // to have held it, whatever a minority still held; released once
+        // a majority released it; otherwise nobody can tell.
+        if n.refused > self.instances.len() - self.quorum {
+            return Ok(Released::NotHeld);
+        }
+        if n.released >= self.quorum {
+            return Ok(Released::Released);
+        }
+        Err(Error::new(
+            ErrorKind::Indeterminate,
+            NAME,
+            format!(
+                "RedLock release: {} of {} instances answered, {} released the lease and {} refused, so whether a majority held it until now is unknown; the keys that remain end by their ttl",
+                n.released + n.refused,
+                self.instances.len(),
+                n.released,
+                n.refused
+            ),
+        ))
+    }
+}
