@@ -17,7 +17,7 @@ use etcd_client::{CompactionOptions, GetOptions};
 use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ClientPause, ConnectFuture, Ctx, Dir, Proxies, ServerFault, Soak, Target,
+    compose, run_serial, soak_pausing, ClientPause, ConnectFuture, Ctx, Dir, Proxies, Target,
     UndoOnDrop, UrlHarness, COMPOSE_HINT,
 };
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
@@ -559,25 +559,6 @@ async fn etcdctl_elect_interoperates(ctx: Ctx) {
     let _ = listen.kill().await;
 }
 
-/// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
-/// (15 s by default), each faulting its own client at random (blackhole,
-/// delay, reset, pause), workers killed and replaced, the server paused
-/// for 1.5 s now and then; then the history of every process is checked
-/// (no overlap, rising tokens) and nothing may be left on the server.
-async fn soak(ctx: Ctx, server: &'static str) {
-    let report = Soak {
-        server_faults: vec![ServerFault::Pause {
-            server: server.to_owned(),
-            for_: Duration::from_millis(1500),
-        }],
-        ..Soak::default()
-    }
-    .run(&ctx)
-    .await;
-    eprintln!("{}::soak: {report:?}", ctx.target);
-    assert!(report.leases > 0, "the soak granted nothing");
-}
-
 /// A waiter whose lease dies while it waits (revoked, as an expiry would
 /// end it) is never told that it holds the lock (etcd#11456: `Lock`
 /// returned success after the waiter's session had expired): once the
@@ -681,7 +662,7 @@ fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("etcd-soak", "LOCKTEST_ETCD_URL")
             .only_own_cases()
-            .case("soak", |ctx| Box::pin(soak(ctx, "etcd"))),
+            .case("soak", |ctx| Box::pin(soak_pausing(ctx, "etcd"))),
         Target::new("etcd-faults", Some("LOCKTEST_ETCD_URL"), url)
             .hint(COMPOSE_HINT)
             .only_own_cases()

@@ -1,77 +1,18 @@
-//! The backend's handle: the configuration, the idle lock connections,
-//! the auxiliary pool and its connections, the schema check at connect.
+//! The backend's handle as users see it: connect (the schema checked or
+//! created, the server's flavour read), and the row names of its
+//! primitives.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::raw::prelude::*;
-use sqlx::mysql::{
-    MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode,
-};
-use sqlx::pool::PoolConnection;
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions, MySqlSslMode};
 use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::{check_table, MysqlConfig, NAME};
-use crate::error::{code, db_number, map_err, timed_out};
-use crate::idle::{Idle, IDLE_BEFORE_PING};
+use crate::conn::{answer, Idle, Shared, IDLE_BEFORE_PING};
+use crate::error::{db_number, map_err};
 use crate::sql::{schema_sql, value_table, Sql};
-
-/// What the backend and its leases share.
-pub(crate) struct Shared {
-    pub(crate) cfg: MysqlConfig,
-    /// Idle lock connections (at most `pool_size`).
-    pub(crate) idle: Idle,
-    /// Idle connections for the fencing counter (at most `aux_pool_size`).
-    pub(crate) fence_idle: Idle,
-    /// Whether the table of leaders' values exists.
-    pub(crate) values: bool,
-    pub(crate) aux: MySqlPool,
-    pub(crate) server: String,
-    pub(crate) sql: Sql,
-    /// How to open a lock connection of its own.
-    pub(crate) opts: MySqlConnectOptions,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("cfg", &self.cfg)
-            .field("idle", &self.idle.len())
-            .field("fence_idle", &self.fence_idle.len())
-            .field("aux_size", &self.aux.size())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    /// Runs `KILL [QUERY] id` on an auxiliary connection; an unknown thread
-    /// (already gone) is success.
-    pub(crate) async fn kill(&self, id: u64, query_only: bool) -> Result<()> {
-        let sql = if query_only {
-            format!("KILL QUERY {id}")
-        } else {
-            format!("KILL {id}")
-        };
-        let what = "KILL of a lock connection";
-        let mut aux = AuxConn::take(self, what).await?;
-        let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(aux.conn()?);
-        let done = tokio::time::timeout(self.cfg.request_timeout, fut).await;
-        if let Ok(r) = &done {
-            aux.finished_if(r);
-        }
-        match done {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) if db_number(&e) == Some(code::NO_SUCH_THREAD) => Ok(()),
-            Ok(Err(e)) => Err(map_err(e, "KILL of a lock connection", &self.server)),
-            Err(_) => Err(timed_out(
-                "KILL of a lock connection",
-                &self.server,
-                self.cfg.request_timeout,
-            )),
-        }
-    }
-}
 
 /// Locks in a MySQL 8 or MariaDB database: one row per name, locked by
 /// `SELECT ... FOR UPDATE` in a transaction held open on a dedicated pooled
@@ -127,41 +68,48 @@ impl MysqlBackend {
             let [locks, fences, values] = schema_sql(&cfg.table)?;
             for ddl in [locks, fences] {
                 let fut = sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut probe);
-                tokio::time::timeout(cfg.request_timeout, fut)
-                    .await
-                    .map_err(|_| {
-                        timed_out("creating the lock tables", &server, cfg.request_timeout)
-                    })?
-                    .map_err(|e| map_err(e, "creating the lock tables", &server))?;
+                answer(
+                    &server,
+                    "creating the lock tables",
+                    cfg.request_timeout,
+                    true,
+                    fut,
+                )
+                .await?
+                .map_err(|e| map_err(e, "creating the lock tables", &server))?;
             }
             // The table of leaders' values came later: a deployment that
             // may not create it still locks (it has no election).
             let fut = sqlx::raw_sql(AssertSqlSafe(values)).execute(&mut probe);
-            match tokio::time::timeout(cfg.request_timeout, fut).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) if db_number(&e).is_some() => {
+            match answer(
+                &server,
+                "creating the lock tables",
+                cfg.request_timeout,
+                true,
+                fut,
+            )
+            .await?
+            {
+                Ok(_) => {}
+                Err(e) if db_number(&e).is_some() => {
                     tracing::warn!(error = %e, "the table of leaders' values could not be created: no leader election");
                 }
-                Ok(Err(e)) => return Err(map_err(e, "creating the lock tables", &server)),
-                Err(_) => {
-                    return Err(timed_out(
-                        "creating the lock tables",
-                        &server,
-                        cfg.request_timeout,
-                    ))
-                }
+                Err(e) => return Err(map_err(e, "creating the lock tables", &server)),
             }
         }
         let values =
             cfg.fencing && has_table(&mut probe, &value_table(&cfg.table), &cfg, &server).await?;
         // MariaDB and MySQL spell a shared lock without waiting differently.
-        let version = tokio::time::timeout(
+        let what = "reading the server version";
+        let version = answer(
+            &server,
+            what,
             cfg.request_timeout,
+            false,
             sqlx::query_scalar::<_, String>("SELECT VERSION()").fetch_one(&mut probe),
         )
-        .await
-        .map_err(|_| timed_out("reading the server version", &server, cfg.request_timeout))?
-        .map_err(|e| map_err(e, "reading the server version", &server))?;
+        .await?
+        .map_err(|e| map_err(e, what, &server))?;
         let mariadb = version.contains("MariaDB");
         let _ = probe.close().await;
         let aux = MySqlPoolOptions::new()
@@ -217,16 +165,15 @@ async fn has_table(
         "INSERT INTO `{table}` (`name`, `fence`, `value`) SELECT '', 0, '' FROM DUAL WHERE FALSE"
     );
     let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn);
-    match tokio::time::timeout(cfg.request_timeout, fut).await {
-        Ok(Ok(_)) => Ok(true),
+    match answer(server, what, cfg.request_timeout, false, fut).await? {
+        Ok(_) => Ok(true),
         // Missing, refused (also column grants, a read-only server): no
         // elections, said once.
-        Ok(Err(e)) if db_number(&e).is_some() => {
+        Err(e) if db_number(&e).is_some() => {
             tracing::warn!(error = %e, "no table of leaders' values this account may write: no leader election");
             Ok(false)
         }
-        Ok(Err(e)) => Err(map_err(e, what, server)),
-        Err(_) => Err(timed_out(what, server, cfg.request_timeout)),
+        Err(e) => Err(map_err(e, what, server)),
     }
 }
 
@@ -234,55 +181,4 @@ async fn has_table(
 /// which no lock name has, so it is never a lock's row.
 pub(crate) fn rw_row(name: &str) -> String {
     format!("{name}\u{1}rw")
-}
-
-/// An auxiliary connection, closed on drop unless its statement finished.
-pub(crate) struct AuxConn {
-    conn: Option<PoolConnection<MySql>>,
-    finished: bool,
-}
-
-impl AuxConn {
-    /// A connection from the auxiliary pool, within the request timeout.
-    pub(crate) async fn take(sh: &Shared, what: &str) -> Result<Self> {
-        let rt = sh.cfg.request_timeout;
-        let conn = tokio::time::timeout(rt, sh.aux.acquire())
-            .await
-            .map_err(|_| timed_out(what, &sh.server, rt))?
-            .map_err(|e| map_err(e, what, &sh.server))?;
-        Ok(AuxConn {
-            conn: Some(conn),
-            finished: false,
-        })
-    }
-
-    /// The connection, for one statement.
-    pub(crate) fn conn(&mut self) -> Result<&mut MySqlConnection> {
-        self.finished = false;
-        self.conn
-            .as_deref_mut()
-            .ok_or_else(|| Error::backend_error(NAME, "an auxiliary connection was closed"))
-    }
-
-    /// Marks the statement finished when it was answered, with a result or
-    /// an error from the server: the connection may go back to the pool.
-    /// After any other error (the connection broke, a reply it could not
-    /// read) it is closed.
-    pub(crate) fn finished_if<T>(&mut self, answer: &std::result::Result<T, sqlx::Error>) {
-        self.finished = match answer {
-            Ok(_) => true,
-            Err(e) => db_number(e).is_some(),
-        };
-    }
-}
-
-impl Drop for AuxConn {
-    fn drop(&mut self) {
-        if !self.finished {
-            if let Some(c) = self.conn.take() {
-                // Not returned: dropped without a ping.
-                drop(c.detach());
-            }
-        }
-    }
 }

@@ -8,7 +8,7 @@ use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::NAME;
 use crate::core::MysqlBackend;
-use crate::error::{map_err, timed_out};
+use crate::error::map_err;
 
 impl MysqlBackend {
     /// Advances the name's fencing counter in its own autocommit statement
@@ -104,15 +104,16 @@ impl MysqlBackend {
                     Err(e) => Err((false, map_err(e, what, &sh.server))),
                 }
             };
-            return match tokio::time::timeout(left, run).await {
-                Err(_) => Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
-                Ok(Ok(done)) => Ok(done),
-                Ok(Err((true, _))) if tries > 1 => {
+            // An autocommit write: one that did not answer may have
+            // committed.
+            return match sh.answer(what, left, true, run).await? {
+                Ok(done) => Ok(done),
+                Err((true, _)) if tries > 1 => {
                     tries -= 1;
                     tracing::debug!("an idle connection was dead; sending again");
                     continue;
                 }
-                Ok(Err((_, e))) => Err(e),
+                Err((_, e)) => Err(e),
             };
         }
     }

@@ -76,13 +76,6 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
     Error::new(kind, NAME, format!("{what} on {server}: {e}{hint}")).with_source(e)
 }
 
-pub(crate) fn timed_out(what: &str, server: &str, after: Duration) -> Error {
-    Error::unavailable(
-        NAME,
-        format!("{what} on {server} did not answer within {after:?}"),
-    )
-}
-
 /// No greeting within `after` while connecting: a MySQL server greets as
 /// soon as the connection opens, so the one there is stopped or speaks
 /// another protocol.

@@ -11,10 +11,10 @@ use lockcore::{HolderInfo, LockInfo};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::NAME;
-use crate::core::AuxConn;
+use crate::conn::AuxConn;
+use crate::conn::Holding;
 use crate::core::MysqlBackend;
-use crate::error::{code, db_number, map_err, timed_out};
-use crate::holding::Holding;
+use crate::error::{code, db_number, map_err};
 use crate::sql::waits;
 
 /// How long inspection waits, at most, between its reads when it catches a
@@ -125,9 +125,7 @@ impl MysqlBackend {
             .bind(name.as_bytes())
             .bind(name.as_bytes())
             .fetch_optional(aux.conn()?);
-        let row = tokio::time::timeout(sh.cfg.request_timeout, q)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?;
+        let row = sh.answer(what, sh.cfg.request_timeout, false, q).await?;
         aux.finished_if(&row);
         let row = row.map_err(|e| map_err(e, what, &sh.server))?;
         let Some(row) = row else {
@@ -163,9 +161,7 @@ impl MysqlBackend {
         let rt = sh.cfg.request_timeout;
         let mut aux = AuxConn::take(sh, what).await?;
         let probe = sqlx::raw_sql(AssertSqlSafe(sh.sql.row_probe(name))).execute(aux.conn()?);
-        let probed = tokio::time::timeout(rt, probe)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, rt))?;
+        let probed = sh.answer(what, rt, false, probe).await?;
         match probed {
             Ok(_) => {
                 aux.finished_if(&probed);
@@ -181,9 +177,7 @@ impl MysqlBackend {
                 // (holding nothing). Ended here, or the connection is not
                 // returned to the pool.
                 let rollback = sqlx::raw_sql("ROLLBACK").execute(aux.conn()?);
-                let done = tokio::time::timeout(rt, rollback)
-                    .await
-                    .map_err(|_| timed_out(what, &sh.server, rt))?;
+                let done = sh.answer(what, rt, false, rollback).await?;
                 aux.finished_if(&done);
                 done.map_err(|e| map_err(e, what, &sh.server))?;
                 Ok(true)
@@ -220,7 +214,9 @@ impl MysqlBackend {
     /// wait ended, when it is dropped).
     pub async fn holder_connection(&self, name: &str) -> Result<Option<u64>> {
         let mut probe = Holding::new(
-            self.own_conn(self.shared.cfg.connect_timeout).await?,
+            self.shared
+                .own_conn(self.shared.cfg.connect_timeout)
+                .await?,
             self.shared.clone(),
         );
         self.verified_holder(&mut probe, name).await
@@ -243,7 +239,9 @@ impl MysqlBackend {
     /// A dropped call may or may not have killed the holder.
     pub async fn kill_holder(&self, name: &str) -> Result<bool> {
         let mut probe = Holding::new(
-            self.own_conn(self.shared.cfg.connect_timeout).await?,
+            self.shared
+                .own_conn(self.shared.cfg.connect_timeout)
+                .await?,
             self.shared.clone(),
         );
         match self.verified_holder(&mut probe, name).await? {
@@ -316,9 +314,9 @@ impl MysqlBackend {
         let q = sqlx::query(AssertSqlSafe(sh.sql.holder.clone()))
             .bind(name.as_bytes())
             .fetch_optional(aux.conn()?);
-        let row = tokio::time::timeout(sh.cfg.request_timeout, q)
-            .await
-            .map_err(|_| timed_out("reading the holder", &sh.server, sh.cfg.request_timeout))?;
+        let row = sh
+            .answer("reading the holder", sh.cfg.request_timeout, false, q)
+            .await?;
         aux.finished_if(&row);
         let row = row.map_err(|e| map_err(e, "reading the holder", &sh.server))?;
         Ok(row.and_then(|r| r.try_get::<Option<u64>, _>(0).ok().flatten()))
@@ -332,27 +330,20 @@ impl MysqlBackend {
         for sql in [waits::BLOCKERS_MARIADB, waits::BLOCKERS_MYSQL8] {
             let mut aux = AuxConn::take(sh, "reading the lock waits").await?;
             let q = sqlx::query(sql).bind(waiter).fetch_all(aux.conn()?);
-            let done = tokio::time::timeout(sh.cfg.request_timeout, q).await;
-            if let Ok(r) = &done {
-                aux.finished_if(r);
-            }
+            let done = sh
+                .answer("reading the lock waits", sh.cfg.request_timeout, false, q)
+                .await?;
+            aux.finished_if(&done);
             match done {
-                Err(_) => {
-                    return Err(timed_out(
-                        "reading the lock waits",
-                        &sh.server,
-                        sh.cfg.request_timeout,
-                    ))
-                }
-                Ok(Ok(rows)) => {
+                Ok(rows) => {
                     return Ok(rows
                         .iter()
                         .filter_map(|r| r.try_get::<u64, _>(0).ok())
                         .collect())
                 }
                 // This server has the other table.
-                Ok(Err(e)) if db_number(&e).is_some() => last = Some(e),
-                Ok(Err(e)) => return Err(map_err(e, "reading the lock waits", &sh.server)),
+                Err(e) if db_number(&e).is_some() => last = Some(e),
+                Err(e) => return Err(map_err(e, "reading the lock waits", &sh.server)),
             }
         }
         Err(match last {

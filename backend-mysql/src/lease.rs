@@ -9,8 +9,8 @@ use lockcore::raw::prelude::*;
 use sqlx::AssertSqlSafe;
 
 use crate::config::NAME;
-use crate::core::Shared;
-use crate::holding::Holding;
+use crate::conn::Holding;
+use crate::conn::Shared;
 use crate::publish::publish;
 use crate::sql::is_user_lock_name;
 
@@ -77,24 +77,30 @@ impl Renewing {
             // Unpublished (another session held the user lock): try again,
             // without waiting; the round trip is the keepalive.
             let publishing = publish(&self.shared, h, &self.name, 0, None);
-            return match tokio::time::timeout(limit, publishing).await {
+            return match self
+                .shared
+                .answer(KEEPALIVE, limit, false, publishing)
+                .await
+            {
                 Ok(Ok(())) => {
                     h.in_flight = false;
                     Ok(renewed)
                 }
-                Ok(Err(e)) => self.broken(&mut slot, &e.to_string()),
-                Err(_) => self.broken(&mut slot, "the keepalive did not answer in time"),
+                Ok(Err(e)) | Err(e) => self.broken(&mut slot, &e.to_string()),
             };
         }
         let same_ttl = secs == h.session_ttl;
         let conn = h.conn()?;
+        let sh = &self.shared;
         let res = if same_ttl {
-            tokio::time::timeout(limit, sqlx::query("SELECT 1").fetch_one(conn))
+            let fut = sqlx::query("SELECT 1").fetch_one(conn);
+            sh.answer(KEEPALIVE, limit, false, fut)
                 .await
                 .map(|r| r.map(drop))
         } else {
             let sql = format!("SET SESSION wait_timeout = {secs}");
-            tokio::time::timeout(limit, sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn))
+            let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn);
+            sh.answer(KEEPALIVE, limit, false, fut)
                 .await
                 .map(|r| r.map(drop))
         };
@@ -107,13 +113,25 @@ impl Renewing {
                 Ok(renewed)
             }
             Ok(Err(e)) => self.broken(&mut slot, &e.to_string()),
-            Err(_) => self.broken(&mut slot, "the keepalive did not answer in time"),
+            Err(e) => self.broken(&mut slot, &e.to_string()),
         }
     }
 }
 
+/// What a renewal asks of the holding connection, in errors.
+const KEEPALIVE: &str = "the keepalive of the holding connection";
+
 #[async_trait]
 impl BackendLease for MysqlLease {
+    /// Proves the holding transaction alive on its connection and sets the
+    /// session's `wait_timeout` from `ttl`; a holder whose row lock is
+    /// published takes its user lock again where it lacked it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the statements run in a task of their own, which reads
+    /// their reply even when the caller is gone, so the holding connection
+    /// is never left with a reply unread. A dropped renewal at most renewed.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let slot = self.conn.clone().lock_owned().await;
         let job = Renewing {
@@ -136,6 +154,15 @@ impl BackendLease for MysqlLease {
         }
     }
 
+    /// Lets go of the user locks, rolls the holding transaction back (which
+    /// frees the row) and gives the connection back to the idle pool.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release has taken the connection out of the lease: it is
+    /// closed dirty and its server thread killed, which rolls the
+    /// transaction back, so the row is freed at once or when the server
+    /// notices the closed socket, never held on.
     async fn release(&self) -> Result<Released> {
         let mut slot = self.conn.lock().await;
         let Some(mut h) = slot.take() else {
@@ -182,7 +209,7 @@ impl BackendLease for MysqlLease {
             )
         };
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(h.conn()?);
-        match tokio::time::timeout(rt, fut).await {
+        match self.shared.answer("ROLLBACK", rt, true, fut).await {
             Ok(Ok(_)) => {
                 h.dirty = false; // back to the pool
                 Ok(Released::Released)
@@ -194,12 +221,12 @@ impl BackendLease for MysqlLease {
                 self.lost.cancel();
                 Ok(Released::NotHeld)
             }
-            Err(_) => Err(Error::new(
-                ErrorKind::Indeterminate,
+            Err(e) => Err(Error::new(
+                e.kind(),
                 NAME,
                 format!(
-                    "ROLLBACK on {} did not answer within {rt:?}; the connection was closed and its thread killed, so the row is freed when the server notices",
-                    self.shared.server
+                    "{}; the connection was closed and its thread killed, so the row is freed when the server notices",
+                    e.message()
                 ),
             )),
         }

@@ -24,9 +24,9 @@ use lockcore::{Layout, Result};
 use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::core::AuxConn;
+use crate::conn::AuxConn;
 use crate::core::{rw_row, MysqlBackend};
-use crate::error::{code, db_number, map_err, timed_out};
+use crate::error::{code, db_number, map_err};
 use crate::slots::slot_range;
 
 /// How a read-write lock's row ends (see `rw_row`).
@@ -163,9 +163,7 @@ impl MysqlBackend {
             .bind(end.to_vec())
             .bind(u64::try_from(page).unwrap_or(u64::MAX))
             .fetch_all(aux.conn()?);
-        let rows = tokio::time::timeout(rt, q)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, rt))?;
+        let rows = sh.answer(what, rt, false, q).await?;
         aux.finished_if(&rows);
         let rows = rows.map_err(|e| map_err(e, what, &sh.server))?;
         let get = |e: sqlx::Error| map_err(e, what, &sh.server);
@@ -327,9 +325,7 @@ impl MysqlBackend {
         let rt = sh.cfg.request_timeout;
         let mut aux = AuxConn::take(sh, what).await?;
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(aux.conn()?);
-        let probed = tokio::time::timeout(rt, fut)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, rt))?;
+        let probed = sh.answer(what, rt, false, fut).await?;
         if probed.is_ok() {
             aux.finished_if(&probed);
         }

@@ -7,9 +7,9 @@ use lockcore::raw::prelude::*;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::NAME;
-use crate::core::Shared;
-use crate::error::{map_err, timed_out};
-use crate::holding::Holding;
+use crate::conn::Holding;
+use crate::conn::Shared;
+use crate::error::map_err;
 use crate::sql::is_user_lock_name;
 
 /// The holder of a lock publishes itself on its holding connection: it
@@ -102,9 +102,9 @@ async fn get_user_lock(
     what: &str,
     limit: Duration,
 ) -> Result<UserLock> {
-    let got = tokio::time::timeout(limit, asking.fetch_one(h.conn()?))
-        .await
-        .map_err(|_| timed_out(what, &sh.server, limit))?
+    let got = sh
+        .answer(what, limit, false, asking.fetch_one(h.conn()?))
+        .await?
         .map_err(|e| map_err(e, what, &sh.server))?;
     let (taken, key) = (
         got.try_get::<Option<i64>, _>(0)

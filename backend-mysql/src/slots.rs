@@ -10,9 +10,9 @@ use lockcore::raw::prelude::*;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::NAME;
+use crate::conn::Holding;
 use crate::core::MysqlBackend;
-use crate::error::{code, db_number, map_err, timed_out};
-use crate::holding::Holding;
+use crate::error::{code, db_number, map_err};
 
 /// The row of slot `i` of semaphore `name`: a control character, which no
 /// lock name has, keeps it apart from every lock's row.
@@ -279,9 +279,9 @@ impl MysqlBackend {
             q = q.bind(r.as_bytes());
         }
         let fut = q.fetch_optional(h.conn()?);
-        let row = tokio::time::timeout(sh.cfg.request_timeout, fut)
-            .await
-            .map_err(|_| timed_out("taking a free slot", &sh.server, sh.cfg.request_timeout))?
+        let row = sh
+            .answer("taking a free slot", sh.cfg.request_timeout, false, fut)
+            .await?
             .map_err(|e| skip_locked_err(e, &sh.server))?;
         let Some(row) = row else { return Ok(None) };
         let bytes: Vec<u8> = row
@@ -308,9 +308,9 @@ impl MysqlBackend {
             .bind(first.as_bytes())
             .bind(slots_end(name).as_bytes())
             .fetch_one(h.conn()?);
-        let row = tokio::time::timeout(sh.cfg.request_timeout, fut)
-            .await
-            .map_err(|_| timed_out("counting the slots", &sh.server, sh.cfg.request_timeout))?
+        let row = sh
+            .answer("counting the slots", sh.cfg.request_timeout, false, fut)
+            .await?
             .map_err(|e| map_err(e, "counting the slots", &sh.server))?;
         let get = |i| -> Result<u64> {
             row.try_get::<Option<u64>, _>(i)
@@ -337,19 +337,22 @@ impl MysqlBackend {
         for r in rows {
             q = q.bind(r.as_bytes());
         }
-        match tokio::time::timeout(sh.cfg.request_timeout, q.execute(h.conn()?)).await {
-            Err(_) => return Err(timed_out(what, &sh.server, sh.cfg.request_timeout)),
-            Ok(Ok(_)) => {}
+        // An autocommit insert (the transaction was rolled back first).
+        match sh
+            .answer(what, sh.cfg.request_timeout, true, q.execute(h.conn()?))
+            .await?
+        {
+            Ok(_) => {}
             // There already (a client created it at the same moment), or
             // the duplicate check waited on a row that exists and is held
             // (created after this statement looked, then taken as a
             // permit): the rows are there either way.
-            Ok(Err(e))
+            Err(e)
                 if matches!(
                     db_number(&e),
                     Some(code::DUP_ENTRY | code::LOCK_WAIT_TIMEOUT)
                 ) => {}
-            Ok(Err(e)) => return Err(map_err(e, what, &sh.server)),
+            Err(e) => return Err(map_err(e, what, &sh.server)),
         }
         self.exec_raw(
             h,
@@ -380,9 +383,9 @@ impl MysqlBackend {
             .bind(last.as_bytes())
             .bind(end.as_bytes())
             .fetch_all(h.conn()?);
-        let free = tokio::time::timeout(sh.cfg.request_timeout, free)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
+        let free = sh
+            .answer(what, sh.cfg.request_timeout, false, free)
+            .await?
             .map_err(|e| skip_locked_err(e, &sh.server))?;
         self.exec_raw(
             h,

@@ -8,9 +8,9 @@ use lockcore::raw::prelude::*;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::NAME;
+use crate::conn::{Holding, LockConn};
 use crate::core::MysqlBackend;
-use crate::error::{code, db_number, map_err, timed_out};
-use crate::holding::{Holding, LockConn};
+use crate::error::{code, db_number, map_err};
 use crate::sql::FOREVER_CHUNK_SECS;
 
 /// How long a try looks again at a row another client is creating (2 ms
@@ -28,7 +28,7 @@ impl MysqlBackend {
         lock_wait_secs: u64,
     ) -> Result<Holding> {
         let sh = &self.shared;
-        let conn = self.lock_conn().await?;
+        let conn = self.shared.lock_conn().await?;
         let pooled = matches!(conn, LockConn::Pooled(_));
         let mut h = Holding::new(conn, sh.clone());
         match self.begin(&mut h, ttl_secs, lock_wait_secs).await {
@@ -36,7 +36,10 @@ impl MysqlBackend {
             Err(e) if pooled && e.kind() == ErrorKind::Unavailable => {
                 tracing::debug!(error = %e, "an idle pooled connection was dead; opening a new one");
                 drop(h);
-                let mut h = Holding::new(self.own_conn(sh.cfg.connect_timeout).await?, sh.clone());
+                let mut h = Holding::new(
+                    self.shared.own_conn(sh.cfg.connect_timeout).await?,
+                    sh.clone(),
+                );
                 self.begin(&mut h, ttl_secs, lock_wait_secs).await?;
                 Ok(h)
             }
@@ -150,9 +153,9 @@ impl MysqlBackend {
             sh.cfg.table
         );
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(h.conn()?);
-        let rows = tokio::time::timeout(sh.cfg.request_timeout, fut)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
+        let rows = sh
+            .answer(what, sh.cfg.request_timeout, false, fut)
+            .await?
             .map_err(|e| map_err(e, what, &sh.server))?;
         Ok(!rows.is_empty())
     }
@@ -161,9 +164,12 @@ impl MysqlBackend {
     pub(crate) async fn prove_alive(&self, h: &mut Holding) -> Result<()> {
         let sh = &self.shared;
         let fut = sqlx::query("SELECT 1").fetch_one(h.conn()?);
-        match tokio::time::timeout(sh.cfg.request_timeout, fut).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(Error::new(
+        match sh
+            .answer("checking the holding connection", sh.cfg.request_timeout, false, fut)
+            .await?
+        {
+            Ok(_) => Ok(()),
+            Err(e) => Err(Error::new(
                 ErrorKind::Unavailable,
                 NAME,
                 format!(
@@ -172,11 +178,6 @@ impl MysqlBackend {
                 ),
             )
             .with_source(e)),
-            Err(_) => Err(timed_out(
-                "checking the holding connection",
-                &sh.server,
-                sh.cfg.request_timeout,
-            )),
         }
     }
 
@@ -194,15 +195,14 @@ impl MysqlBackend {
         );
         h.dirty = true;
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_all(h.conn()?);
-        let rows = tokio::time::timeout(sh.cfg.request_timeout, fut)
-            .await
-            .map_err(|_| {
-                timed_out(
-                    "starting the lock transaction",
-                    &sh.server,
-                    sh.cfg.request_timeout,
-                )
-            })?
+        let rows = sh
+            .answer(
+                "starting the lock transaction",
+                sh.cfg.request_timeout,
+                false,
+                fut,
+            )
+            .await?
             .map_err(|e| map_err(e, "starting the lock transaction", &sh.server))?;
         let id = rows
             .last()
@@ -219,9 +219,8 @@ impl MysqlBackend {
     pub(crate) async fn exec_raw(&self, h: &mut Holding, sql: String, what: &str) -> Result<()> {
         let sh = &self.shared;
         let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(h.conn()?);
-        tokio::time::timeout(sh.cfg.request_timeout, fut)
-            .await
-            .map_err(|_| timed_out(what, &sh.server, sh.cfg.request_timeout))?
+        sh.answer(what, sh.cfg.request_timeout, false, fut)
+            .await?
             .map_err(|e| map_err(e, what, &sh.server))?;
         Ok(())
     }
@@ -292,7 +291,9 @@ impl MysqlBackend {
         let fut = sqlx::query(AssertSqlSafe(sql))
             .bind(name.as_bytes())
             .fetch_optional(h.conn()?);
-        let fut = tokio::time::timeout(client_limit, fut);
+        // A statement of the holding transaction: one that did not answer
+        // is rolled back with its connection.
+        let fut = sh.answer(what, client_limit, false, fut);
         tokio::pin!(fut);
         let res = match cut_at {
             None => fut.await,
@@ -308,11 +309,10 @@ impl MysqlBackend {
                 }
             }
         };
-        match res {
-            Err(_) => Err(timed_out(what, &sh.server, client_limit)),
-            Ok(Ok(row)) => Ok(Some(row.is_some())),
-            Ok(Err(e)) if held_err(&e) => Ok(None),
-            Ok(Err(e)) => Err(map_err(e, what, &sh.server)),
+        match res? {
+            Ok(row) => Ok(Some(row.is_some())),
+            Err(e) if held_err(&e) => Ok(None),
+            Err(e) => Err(map_err(e, what, &sh.server)),
         }
     }
 
@@ -326,24 +326,21 @@ impl MysqlBackend {
             .bind(name.as_bytes())
             .bind(name.as_bytes())
             .execute(h.conn()?);
-        match tokio::time::timeout(sh.cfg.request_timeout, fut).await {
-            Err(_) => {
-                return Err(timed_out(
-                    "creating the lock row",
-                    &sh.server,
-                    sh.cfg.request_timeout,
-                ))
-            }
-            Ok(Ok(_)) => {}
+        // An autocommit insert (the transaction was rolled back first).
+        match sh
+            .answer("creating the lock row", sh.cfg.request_timeout, true, fut)
+            .await?
+        {
+            Ok(_) => {}
             // There already, or the duplicate check waited on the row
             // created after this statement looked and then held: there
             // either way.
-            Ok(Err(e))
+            Err(e)
                 if matches!(
                     db_number(&e),
                     Some(code::DUP_ENTRY | code::LOCK_WAIT_TIMEOUT)
                 ) => {}
-            Ok(Err(e)) => return Err(map_err(e, "creating the lock row", &sh.server)),
+            Err(e) => return Err(map_err(e, "creating the lock row", &sh.server)),
         }
         self.exec_raw(
             h,

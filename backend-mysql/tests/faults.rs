@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ConnectFuture, Ctx, ServerFault, Soak, Target, UndoOnDrop, UrlHarness,
+    compose, run_serial, soak_pausing, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness,
     COMPOSE_HINT,
 };
 use lockcore_mysql::{MysqlBackend, MysqlConfig};
@@ -988,25 +988,6 @@ async fn stalled_holder_is_timed_out_by_server(ctx: Ctx) {
     g2.release().await.expect("release");
 }
 
-/// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
-/// (15 s by default), each faulting its own client at random (blackhole,
-/// delay, reset, pause), workers killed and replaced, the server paused
-/// for 1.5 s now and then; then the history of every process is checked
-/// (no overlap, rising tokens) and nothing may be left on the server.
-async fn soak(ctx: Ctx, server: &'static str) {
-    let report = Soak {
-        server_faults: vec![ServerFault::Pause {
-            server: server.to_owned(),
-            for_: Duration::from_millis(1500),
-        }],
-        ..Soak::default()
-    }
-    .run(&ctx)
-    .await;
-    eprintln!("{}::soak: {report:?}", ctx.target);
-    assert!(report.leases > 0, "the soak granted nothing");
-}
-
 /// The server's count of rows written (inserted or updated) by InnoDB.
 async fn rows_written(c: &mut sqlx::MySqlConnection) -> u64 {
     let mut n = 0;
@@ -1103,11 +1084,63 @@ async fn fencing_none_validity_after_a_long_wait(ctx: Ctx) {
     got.release().await.unwrap();
 }
 
+/// The fencing counter's increment is an autocommit write on a connection
+/// of its own: one that does not answer in time may have committed, so
+/// the acquire fails `Indeterminate`, not `Unavailable` (here a plain SQL
+/// session holds the counter row, so the increment waits past the request
+/// timeout). Nothing stays held: once the session lets go, another client
+/// takes the name, with a token above the one before.
+async fn a_fence_increment_without_answer_is_indeterminate(ctx: Ctx) {
+    let name = ctx.name("fence-stuck");
+    let plain = ctx.locker().await;
+    let first = plain.try_lock(&name).await.expect("try").expect("free");
+    let before = first.fence().expect("a token");
+    first.release().await.expect("release");
+    let mut sql = admin(&ctx).await;
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut sql)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM lockcore_locks_fence WHERE name = ? FOR UPDATE")
+        .bind(name.as_bytes())
+        .fetch_optional(&mut sql)
+        .await
+        .expect("lock the counter row")
+        .expect("the counter row");
+    let quick = lockcore_mysql::connect(&with_opts(&ctx, "request_timeout_ms=1500"))
+        .await
+        .expect("connect");
+    let err = quick
+        .try_lock(&name)
+        .await
+        .expect_err("granted while the counter row was locked");
+    assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut sql)
+        .await
+        .expect("rollback");
+    // Nothing stays held: the failed attempt's connection was closed (its
+    // transaction rolled back), so a waiter gets the name well within 10 s.
+    let next = plain
+        .acquire(
+            &name,
+            &LockOptions::new().wait(Wait::For(Duration::from_secs(10))),
+        )
+        .await
+        .expect("acquire")
+        .expect("the name stayed held after the failed acquire");
+    assert!(
+        next.fence().expect("a token") > before,
+        "tokens did not rise"
+    );
+    next.release().await.expect("release");
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("mysql-soak")
             .only_own_cases()
-            .case("soak", |ctx| Box::pin(soak(ctx, "mariadb"))),
+            .case("soak", |ctx| Box::pin(soak_pausing(ctx, "mariadb"))),
         Target::new(
             "mysql-faults",
             Some("LOCKTEST_MYSQL_URL"),
@@ -1119,6 +1152,9 @@ fn main() -> std::process::ExitCode {
         )
         .hint(COMPOSE_HINT)
         .only_own_cases()
+        .case("a_fence_increment_without_answer_is_indeterminate", |ctx| {
+            Box::pin(a_fence_increment_without_answer_is_indeterminate(ctx))
+        })
         .case("restart_under_a_holder", |ctx| {
             Box::pin(restart_under_a_holder(ctx))
         })

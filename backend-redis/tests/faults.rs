@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
 use lockcore_conformance::{
-    compose, run_serial, ConnectFuture, Ctx, Dir, Proxies, ServerFault, Soak, Target, UndoOnDrop,
+    compose, run_serial, soak_pausing, ConnectFuture, Ctx, Dir, Proxies, Target, UndoOnDrop,
     UrlHarness, COMPOSE_HINT,
 };
 
@@ -957,25 +957,6 @@ fn connect(url: String) -> ConnectFuture {
     Box::pin(async move { lockcore_redis::connect(&url).await })
 }
 
-/// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
-/// (15 s by default), each faulting its own client at random (blackhole,
-/// delay, reset, pause), workers killed and replaced, the server paused
-/// for 1.5 s now and then; then the history of every process is checked
-/// (no overlap, rising tokens) and nothing may be left on the server.
-async fn soak(ctx: Ctx, server: &'static str) {
-    let report = Soak {
-        server_faults: vec![ServerFault::Pause {
-            server: server.to_owned(),
-            for_: Duration::from_millis(1500),
-        }],
-        ..Soak::default()
-    }
-    .run(&ctx)
-    .await;
-    eprintln!("{}::soak: {report:?}", ctx.target);
-    assert!(report.leases > 0, "the soak granted nothing");
-}
-
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target(
@@ -985,7 +966,7 @@ fn main() -> std::process::ExitCode {
             "redis://127.0.0.1:1",
         )
         .only_own_cases()
-        .case("soak", |ctx| Box::pin(soak(ctx, "redis"))),
+        .case("soak", |ctx| Box::pin(soak_pausing(ctx, "redis"))),
         harness::target(
             "redlock-soak",
             "LOCKTEST_REDLOCK_URL",
@@ -993,7 +974,7 @@ fn main() -> std::process::ExitCode {
             "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
         )
         .only_own_cases()
-        .case("soak", |ctx| Box::pin(soak(ctx, "redlock-2"))),
+        .case("soak", |ctx| Box::pin(soak_pausing(ctx, "redlock-2"))),
         Target::new(
             "redlock-faults",
             Some("LOCKTEST_REDLOCK_URL"),

@@ -17,8 +17,7 @@ use async_trait::async_trait;
 use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker};
 use lockcore_conformance::{
-    compose, run_serial, Ctx, Dir, Harness, Proxies, ServerFault, Soak, Target, UndoOnDrop,
-    COMPOSE_HINT,
+    compose, run_serial, soak_pausing, Ctx, Dir, Harness, Proxies, Target, UndoOnDrop, COMPOSE_HINT,
 };
 use lockcore_zk::{ZkBackend, ZkConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1204,30 +1203,11 @@ async fn ttl_outside_server_bounds(ctx: Ctx) {
     assert!(l.try_lock(&name).await.expect("try").is_some());
 }
 
-/// Sixteen client processes on three names for `LOCKTEST_SOAK_SECS`
-/// (15 s by default), each faulting its own client at random (blackhole,
-/// delay, reset, pause), workers killed and replaced, the server paused
-/// for 1.5 s now and then; then the history of every process is checked
-/// (no overlap, rising tokens) and nothing may be left on the server.
-async fn soak(ctx: Ctx, server: &'static str) {
-    let report = Soak {
-        server_faults: vec![ServerFault::Pause {
-            server: server.to_owned(),
-            for_: Duration::from_millis(1500),
-        }],
-        ..Soak::default()
-    }
-    .run(&ctx)
-    .await;
-    eprintln!("{}::soak: {report:?}", ctx.target);
-    assert!(report.leases > 0, "the soak granted nothing");
-}
-
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("zk-soak", "LOCKTEST_ZK_URL")
             .only_own_cases()
-            .case("soak", |ctx| Box::pin(soak(ctx, "zk"))),
+            .case("soak", |ctx| Box::pin(soak_pausing(ctx, "zk"))),
         Target::new("zk", Some("LOCKTEST_ZK_URL"), |url| async move {
             Ok(Arc::new(Zk { url }) as Arc<dyn Harness>)
         })

@@ -116,6 +116,21 @@ impl Locker {
         &self.backend
     }
 
+    /// The backend as its own type, if it is a `T`: the way back from a
+    /// `Locker` to a backend's own methods (its counters, its settings), for
+    /// a backend's tests and tools.
+    ///
+    /// ```
+    /// use lockcore::{memory::MemoryBackend, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// assert!(locker.backend_as::<MemoryBackend>().is_some());
+    /// ```
+    pub fn backend_as<T: Backend>(&self) -> Option<&T> {
+        let any: &dyn std::any::Any = &*self.backend;
+        any.downcast_ref::<T>()
+    }
+
     /// The backend's short name.
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()

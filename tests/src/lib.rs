@@ -58,7 +58,7 @@ use lockcore::{Capabilities, Locker};
 pub use runner::{run, run_serial, Target, COMPOSE_HINT};
 
 pub use faults::{compose, ClientPause, ConnectFn, ConnectFuture, UndoOnDrop, UrlHarness};
-pub use processes::{ServerFault, Soak, SoakReport};
+pub use processes::{soak_pausing, ServerFault, Soak, SoakReport};
 pub use proxy::{Dir, Proxies};
 
 /// How the suite reaches a backend: implemented once per backend, in its

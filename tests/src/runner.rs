@@ -190,12 +190,31 @@ fn run_with(args: Arguments, targets: Vec<Target>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if targets.is_empty() {
+        eprintln!(
+            "no targets: run() was given no Target, so there are no cases to {}",
+            if args.list { "list" } else { "run" }
+        );
+    }
     let ns = namespace();
     let mut trials = Vec::new();
     for target in targets {
         trials.extend(target_trials(&rt, &target, &ns, &args));
     }
     libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Whether the command line's filter and skips select the trial `name`,
+/// as libtest decides it.
+fn selected(args: &Arguments, name: &str) -> bool {
+    let matches = |pattern: &str| {
+        if args.exact {
+            name == pattern
+        } else {
+            name.contains(pattern)
+        }
+    };
+    args.filter.as_deref().is_none_or(matches) && !args.skip.iter().any(|s| matches(s))
 }
 
 fn target_trials(
@@ -276,6 +295,11 @@ fn target_trials(
     all.into_iter()
         .map(|case| {
             if let Some(why) = (case.skip_unless)(&ctx) {
+                let name = format!("{}::{}", target.name, case.name);
+                if !args.list && selected(args, &name) {
+                    // libtest prints an ignored trial's name only: say why.
+                    eprintln!("ignored {name}: {why}");
+                }
                 return ignored(&target.name, &case, why);
             }
             let rt = rt.clone();

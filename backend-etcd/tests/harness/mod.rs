@@ -4,38 +4,26 @@
 // Shared between test binaries: each uses a part.
 #![allow(dead_code)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::GetOptions;
 use lockcore::{Error, Locker};
 use lockcore_conformance::{Harness, Proxies, Target, COMPOSE_HINT};
-use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, EtcdCounters, DEFAULT_PREFIX};
+use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
 
 /// An etcd topology under test: `url` as `LOCKTEST_ETCD*_URL` gives it.
 #[derive(Debug)]
 struct Etcd {
     url: String,
-    /// The counters of every client made, for the wake-up count.
-    counters: Mutex<Vec<(usize, Arc<EtcdCounters>)>>,
 }
 
 impl Etcd {
     async fn connect_url(&self, url: &str) -> lockcore::Result<Locker> {
-        let backend = EtcdBackend::connect(EtcdConfig::parse(url)?).await?;
-        let counters = backend.counters();
-        let locker = Locker::new(backend);
-        self.counters
-            .lock()
-            .unwrap()
-            .push((client_id(&locker), counters));
-        Ok(locker)
+        Ok(Locker::new(
+            EtcdBackend::connect(EtcdConfig::parse(url)?).await?,
+        ))
     }
-}
-
-/// A client's identity: its backend's address (clones share it).
-fn client_id(l: &Locker) -> usize {
-    Arc::as_ptr(l.backend()).cast::<()>() as usize
 }
 
 fn admin_err(e: etcd_client::Error) -> Error {
@@ -49,13 +37,11 @@ impl Harness for Etcd {
     }
 
     fn wakeups(&self, clients: &[&Locker]) -> Option<u64> {
-        let ids: Vec<usize> = clients.iter().map(|l| client_id(l)).collect();
-        let counters = self.counters.lock().unwrap();
         Some(
-            counters
+            clients
                 .iter()
-                .filter(|(id, _)| ids.contains(id))
-                .map(|(_, c)| c.snapshot().predecessor_events)
+                .filter_map(|l| l.backend_as::<EtcdBackend>())
+                .map(|b| b.counters().snapshot().predecessor_events)
                 .sum(),
         )
     }
@@ -130,10 +116,7 @@ impl Harness for Etcd {
 /// A target called `name` over the etcd URL in `var`.
 pub(crate) fn target(name: &str, var: &str) -> Target {
     Target::new(name, Some(var), |url| async move {
-        Ok(Arc::new(Etcd {
-            url,
-            counters: Mutex::default(),
-        }) as Arc<dyn Harness>)
+        Ok(Arc::new(Etcd { url }) as Arc<dyn Harness>)
     })
     .hint(COMPOSE_HINT)
 }

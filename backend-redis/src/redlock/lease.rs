@@ -25,6 +25,16 @@ pub(super) struct RedLockLease {
 
 #[async_trait]
 impl BackendLease for RedLockLease {
+    /// `PEXPIRE` only where the key still holds this attempt's token, on
+    /// every instance at once; renewed when a majority renewed within the
+    /// validity counted from the send, and then the key is set again (`SET
+    /// NX`) on an instance that lost it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped renewal at most extended the lease (or set it
+    /// again where it was missing) on some instances, each still bounded by
+    /// the ttl.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let sent = Instant::now();
         let ttl_arg = ttl_ms(ttl);
@@ -85,6 +95,13 @@ impl BackendLease for RedLockLease {
     /// majority to have held it (the lease was lost, even if a minority
     /// still had it), `Released` when a majority released it; otherwise
     /// `Indeterminate`, and the keys that remain end by their ttl.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may or may not have deleted the key on each
+    /// instance (its calls still out are dropped with it; one already sent
+    /// may still apply); a key it left ends by its ttl, as if the holder had
+    /// died.
     async fn release(&self) -> Result<Released> {
         // Sent on each instance after the acquire's call there, if that
         // was still out.

@@ -4,12 +4,12 @@
 // Shared between test binaries: each uses a part.
 #![allow(dead_code)]
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use lockcore::{Error, Locker};
 use lockcore_conformance::{Harness, Proxies, Target, COMPOSE_HINT};
-use lockcore_zk::{ZkBackend, ZkConfig, ZkCounters};
+use lockcore_zk::{ZkBackend, ZkConfig};
 use zookeeper_client as zk;
 
 /// Where the suite's lock paths live (a chroot, exercised on purpose).
@@ -18,16 +18,11 @@ const CHROOT: &str = "/lockcore-conformance";
 #[derive(Debug)]
 struct Zk {
     hosts: String,
-    /// The counters of every client made, for the wake-up count.
-    counters: Mutex<Vec<(usize, Arc<ZkCounters>)>>,
 }
 
 impl Zk {
     fn harness(hosts: String) -> Arc<dyn Harness> {
-        Arc::new(Zk {
-            hosts,
-            counters: Mutex::default(),
-        })
+        Arc::new(Zk { hosts })
     }
 
     fn url(&self) -> String {
@@ -35,14 +30,9 @@ impl Zk {
     }
 
     async fn connect_url(&self, url: &str) -> lockcore::Result<Locker> {
-        let backend = ZkBackend::connect(ZkConfig::parse(url)?).await?;
-        let counters = backend.counters();
-        let locker = Locker::new(backend);
-        self.counters
-            .lock()
-            .unwrap()
-            .push((client_id(&locker), counters));
-        Ok(locker)
+        Ok(Locker::new(
+            ZkBackend::connect(ZkConfig::parse(url)?).await?,
+        ))
     }
 }
 
@@ -57,11 +47,6 @@ fn hosts_of(url: &str) -> String {
                 .join(",")
         })
         .unwrap_or_default()
-}
-
-/// A client's identity: its backend's address (clones share it).
-fn client_id(l: &Locker) -> usize {
-    Arc::as_ptr(l.backend()).cast::<()>() as usize
 }
 
 fn admin_err(e: zk::Error) -> Error {
@@ -92,13 +77,11 @@ impl Harness for Zk {
     }
 
     fn wakeups(&self, clients: &[&Locker]) -> Option<u64> {
-        let ids: Vec<usize> = clients.iter().map(|l| client_id(l)).collect();
-        let counters = self.counters.lock().unwrap();
         Some(
-            counters
+            clients
                 .iter()
-                .filter(|(id, _)| ids.contains(id))
-                .map(|(_, c)| c.snapshot().predecessor_events)
+                .filter_map(|l| l.backend_as::<ZkBackend>())
+                .map(|b| b.counters().snapshot().predecessor_events)
                 .sum(),
         )
     }

@@ -17,7 +17,7 @@ use crate::raw::request::AcquireRequest;
 /// backend-neutral rule (validation, reentrancy, renewal, lost signal) is
 /// applied by the `Locker` before and after these calls.
 #[async_trait]
-pub trait Backend: Send + Sync + fmt::Debug + 'static {
+pub trait Backend: std::any::Any + Send + Sync + fmt::Debug {
     /// A short name for errors and logs, e.g. `"redis"`.
     fn name(&self) -> &'static str;
 

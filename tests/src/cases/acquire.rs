@@ -240,6 +240,10 @@ pub async fn no_herd_on_release(ctx: Ctx) {
     let woken = ctx.harness.wakeups(&counted).expect("counted") - before;
     let herd = (WAITERS * (WAITERS + 1) / 2) as u64;
     assert!(
+        woken > 0,
+        "no wake-up counted for {WAITERS} hand-offs: the harness's count sees none of these clients"
+    );
+    assert!(
         woken < herd && woken <= 2 * WAITERS as u64,
         "{woken} wake-ups for {WAITERS} hand-offs: waiters watch more than their predecessor (a herd would be {herd})"
     );
