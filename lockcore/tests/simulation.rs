@@ -24,7 +24,6 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,46 +31,8 @@ use lockcore::memory::MemoryBackend;
 use lockcore::raw::now;
 use lockcore::raw::prelude::*;
 use lockcore::testing::history::{History, LeaseRecord};
+use lockcore::testing::rng::Rng;
 use lockcore::{LockOptions, Locker, Wait};
-
-/// SplitMix64: small, seedable, and the same on every platform.
-#[derive(Debug)]
-struct Rng(AtomicU64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(AtomicU64::new(seed))
-    }
-
-    fn next(&self) -> u64 {
-        let state = self
-            .0
-            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-            .wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// True with probability `p`.
-    fn chance(&self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-
-    /// Uniform in `[0, n)`.
-    fn below(&self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-
-    fn millis(&self, max: u64) -> Duration {
-        Duration::from_millis(self.below(max + 1))
-    }
-}
 
 /// One schedule's network and server faults, drawn from its seed.
 #[derive(Debug)]

@@ -9,6 +9,8 @@ use lockcore::{LockOptions, Locker, Wait};
 
 use crate::{ClientPause, Dir, Harness, Proxies};
 
+use lockcore::testing::rng::Rng;
+
 use super::clock::*;
 use super::journal::*;
 
@@ -52,7 +54,7 @@ pub(crate) async fn worker(harness: Arc<dyn Harness>) -> Result<(), String> {
     };
     let locker = if faults { pause.wrap(&base) } else { base };
     let errors = Arc::new(AtomicU64::new(0));
-    let rng = Arc::new(AtomicU64::new(seed));
+    let rng = Arc::new(Rng::new(seed));
     let mut tasks = Vec::new();
     for t in 0..3u64 {
         tasks.push(tokio::spawn(contend(
@@ -85,41 +87,27 @@ pub(crate) async fn worker(harness: Arc<dyn Harness>) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn next(rng: &AtomicU64) -> u64 {
-    let state = rng
-        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-        .wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-pub(crate) fn millis(rng: &AtomicU64, max: u64) -> Duration {
-    Duration::from_millis(next(rng) % (max + 1))
-}
-
 /// Faults this worker's own client now and then.
 pub(crate) async fn inject(
     proxies: &Proxies,
     pause: &ClientPause,
     ttl: Duration,
     until: Instant,
-    rng: &AtomicU64,
+    rng: &Rng,
     resets: bool,
 ) {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     while Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(2000) + millis(rng, 4000)).await;
-        let span = millis(rng, ttl_ms * 2);
-        match next(rng) % 4 {
+        tokio::time::sleep(Duration::from_millis(2000) + rng.millis(4000)).await;
+        let span = rng.millis(ttl_ms * 2);
+        match rng.below(4) {
             0 => {
                 proxies.blackhole(Dir::Both);
                 tokio::time::sleep(span).await;
                 proxies.heal();
             }
             1 => {
-                proxies.delay(Dir::Down, Duration::from_millis(50) + millis(rng, 250));
+                proxies.delay(Dir::Down, Duration::from_millis(50) + rng.millis(250));
                 tokio::time::sleep(span).await;
                 proxies.heal();
             }
@@ -143,20 +131,20 @@ pub(crate) async fn contend(
     journal: Arc<JournalFile>,
     errors: Arc<AtomicU64>,
 ) {
-    let rng = AtomicU64::new(seed);
+    let rng = Rng::new(seed);
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     while Instant::now() < until {
-        let name = &names[usize::try_from(next(&rng) % names.len() as u64).unwrap_or(0)];
-        let wait = match next(&rng) % 3 {
+        let name = &names[usize::try_from(rng.below(names.len() as u64)).unwrap_or(0)];
+        let wait = match rng.below(3) {
             0 => Wait::Try,
-            1 => Wait::For(millis(&rng, 2000)),
+            1 => Wait::For(rng.millis(2000)),
             _ => Wait::For(until.saturating_duration_since(Instant::now()) + ttl),
         };
         let opts = LockOptions::new().ttl(ttl).wait(wait);
         let acquire = locker.acquire(name, &opts);
-        let outcome = if next(&rng).is_multiple_of(5) {
+        let outcome = if rng.below(5) == 0 {
             // Cut off at a random point.
-            match tokio::time::timeout(millis(&rng, 500), acquire).await {
+            match tokio::time::timeout(rng.millis(500), acquire).await {
                 Ok(r) => r,
                 Err(_) => continue,
             }
@@ -189,10 +177,10 @@ pub(crate) async fn contend(
             journal.clock.ns(acquired)
         ));
         // Mostly short holds, now and then one past several renewals.
-        let hold = if next(&rng).is_multiple_of(5) {
-            millis(&rng, ttl_ms * 2)
+        let hold = if rng.below(5) == 0 {
+            rng.millis(ttl_ms * 2)
         } else {
-            millis(&rng, 30)
+            rng.millis(30)
         };
         let lost = tokio::select! {
             () = guard.lost() => true,
@@ -205,7 +193,7 @@ pub(crate) async fn contend(
             "released".to_owned()
         };
         journal.line(&format!("E\t{id}\t{}\t{how}\n", journal.clock.ns(ended)));
-        match next(&rng) % 4 {
+        match rng.below(4) {
             0 => drop(guard),
             1 => guard.abandon(),
             _ => {
