@@ -1,9 +1,9 @@
 //! The backend: acquire a row lock on a connection of its own (a pooled
 //! one when free), the fencing counter committed on its own; inspect, list.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockcore::raw::held_conn::HeldConn;
 use lockcore::raw::prelude::*;
 use lockcore::Role;
 
@@ -139,7 +139,7 @@ impl Backend for MysqlBackend {
                 conn_id,
                 publish: publishes,
                 lost: req.lost.clone(),
-                conn: Arc::new(tokio::sync::Mutex::new(Some(h))),
+                conn: HeldConn::new(NAME, h),
             }),
             fence,
             valid_until: validity_deadline(sent, req.ttl),

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockcore::raw::held_conn::HeldConn;
 use lockcore::raw::prelude::*;
 use sqlx::AssertSqlSafe;
 
@@ -23,7 +24,7 @@ pub(crate) struct MysqlLease {
     /// with fencing): one that found it taken tries again at each renewal.
     pub(crate) publish: bool,
     pub(crate) lost: CancellationToken,
-    pub(crate) conn: Arc<tokio::sync::Mutex<Option<Holding>>>,
+    pub(crate) conn: HeldConn<Holding>,
 }
 
 impl fmt::Debug for MysqlLease {
@@ -133,7 +134,6 @@ impl BackendLease for MysqlLease {
     /// their reply even when the caller is gone, so the holding connection
     /// is never left with a reply unread. A dropped renewal at most renewed.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        let slot = self.conn.clone().lock_owned().await;
         let job = Renewing {
             shared: self.shared.clone(),
             name: self.name.clone(),
@@ -144,14 +144,7 @@ impl BackendLease for MysqlLease {
         // In a task of its own: a renewal whose caller goes away (a dropped
         // `extend`, a watchdog that gave up) still reads its reply, so the
         // holding connection is never left with a reply unread.
-        match tokio::spawn(job.run(slot, ttl)).await {
-            Ok(result) => result,
-            Err(e) => Err(Error::new(
-                ErrorKind::Indeterminate,
-                NAME,
-                format!("the renewal's task ended before it answered: {e}"),
-            )),
-        }
+        self.conn.run(|slot| job.run(slot, ttl)).await
     }
 
     /// Lets go of the user locks, rolls the holding transaction back (which
@@ -164,11 +157,9 @@ impl BackendLease for MysqlLease {
     /// transaction back, so the row is freed at once or when the server
     /// notices the closed socket, never held on.
     async fn release(&self) -> Result<Released> {
-        let mut slot = self.conn.lock().await;
-        let Some(mut h) = slot.take() else {
+        let Some(mut h) = self.conn.take().await else {
             return Ok(Released::NotHeld);
         };
-        drop(slot);
         if h.in_flight {
             // A renewal was cut off mid-statement and its reply is unread:
             // the connection is closed and its session ended, which rolls
@@ -235,22 +226,6 @@ impl BackendLease for MysqlLease {
     fn abandon(&self) {
         // As a dead process: the socket closes without COMMIT or ROLLBACK,
         // no KILL; the server rolls back when it sees the connection end.
-        fn drop_it(slot: &mut Option<Holding>) {
-            if let Some(mut h) = slot.take() {
-                h.kill_on_drop = false;
-                drop(h);
-            }
-        }
-        match self.conn.try_lock() {
-            Ok(mut slot) => drop_it(&mut slot),
-            Err(_) => {
-                // A renewal is in flight (its task runs to its end): close
-                // the connection as soon as it lets go.
-                let conn = self.conn.clone();
-                spawn_cleanup("close an abandoned lock connection", async move {
-                    drop_it(&mut *conn.lock().await);
-                });
-            }
-        }
+        self.conn.abandon(|h| h.kill_on_drop = false);
     }
 }

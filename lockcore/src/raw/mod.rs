@@ -18,6 +18,7 @@
 pub mod address;
 mod backend;
 pub(crate) mod held;
+pub mod held_conn;
 mod lease;
 mod request;
 pub mod retry;
