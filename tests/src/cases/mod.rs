@@ -1,5 +1,6 @@
 //! The cases of the contract, one public async function each, grouped by the
-//! contract's sections: [`acquire`], [`hold`], [`release`], [`fencing`],
+//! contract's sections: [`acquire`], [`hold`], [`lost`], [`owners`],
+//! [`release`], [`fencing`],
 //! [`names`], [`cancel`], [`unavailable`] and [`history`]; and the
 //! primitives built on the lock: [`semaphore`], [`rwlock`] and [`election`].
 //!
@@ -30,7 +31,9 @@ pub mod election;
 pub mod fencing;
 pub mod history;
 pub mod hold;
+pub mod lost;
 pub mod names;
+pub mod owners;
 pub mod release;
 pub mod rwlock;
 pub mod semaphore;
@@ -113,14 +116,14 @@ pub fn cases() -> Vec<Case> {
         case!(hold::mutual_exclusion_exact_counter),
         case!(hold::ttl_expiry_after_holder_dies),
         case!(hold::renewal_keeps_lease_past_ttl),
-        case!(hold::lost_fires_at_validity_deadline),
-        case!(hold::lost_fires_on_time_when_renewal_fails, unless_proxy),
+        case!(lost::lost_fires_at_validity_deadline),
+        case!(lost::lost_fires_on_time_when_renewal_fails, unless_proxy),
         case!(hold::server_ttl_follows_extend_and_renewals),
-        case!(hold::lost_fires_when_lease_is_revoked, unless_revoke),
+        case!(lost::lost_fires_when_lease_is_revoked, unless_revoke),
         case!(hold::validity_is_counted_from_before_the_request),
-        case!(hold::guard_outlives_its_locker),
-        case!(hold::tasks_sharing_one_locker_exclude),
-        case!(hold::explicit_reentrancy_through_the_guard),
+        case!(owners::guard_outlives_its_locker),
+        case!(owners::tasks_sharing_one_locker_exclude),
+        case!(owners::explicit_reentrancy_through_the_guard),
         case!(release::owner_checked_release_after_expiry),
         case!(release::stale_owner_cannot_renew_or_release, unless_revoke),
         case!(fencing::fencing_tokens_increase_across_holders, |c| (!c
