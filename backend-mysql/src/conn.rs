@@ -31,7 +31,7 @@ pub(crate) struct Shared {
     pub(crate) cfg: MysqlConfig,
     /// Idle lock connections (at most `pool_size`).
     pub(crate) idle: Idle,
-    /// Idle connections for the fencing counter (at most `aux_pool_size`).
+    /// Idle connections for the fencing counter (at most `pool_size`).
     pub(crate) fence_idle: Idle,
     /// Whether the table of leaders' values exists.
     pub(crate) values: bool,
@@ -55,13 +55,17 @@ impl fmt::Debug for Shared {
 
 /// Waits at most `limit` for the answer of `server` to one request: the
 /// request's own outcome, or, when none came in time, an error that says
-/// whether it may have taken effect. `lasting`: the request makes a change
-/// that outlives its connection (an autocommit write, a table created, a
-/// `KILL`), so a timeout is [`ErrorKind::Indeterminate`]; otherwise it only
-/// reads, or its change ends with its connection (a statement of a holding
-/// transaction, whose connection is then closed dirty and rolls it back),
-/// and a timeout is [`ErrorKind::Unavailable`]. Every request this backend
-/// sends is bounded here.
+/// whether the caller must count the request as possibly applied.
+/// `may_apply`: its effect matters to the caller and does not end with its
+/// connection (the fencing counter's increment, a leader's value, a `KILL`,
+/// a release's `ROLLBACK`), so a timeout is [`ErrorKind::Indeterminate`];
+/// otherwise it only reads, its change ends with its connection (a
+/// statement of a holding transaction, whose connection is then closed
+/// dirty and rolls it back), or nothing is held whatever it did (a lock row
+/// or table created), and a timeout is [`ErrorKind::Unavailable`]. Every
+/// request of this backend is bounded here, but for connecting (a server
+/// that does not greet is told apart) and the ping of an idle connection
+/// before reuse (a failed one is only replaced).
 ///
 /// # Cancel safety
 ///
@@ -70,12 +74,16 @@ pub(crate) async fn answer<T, E>(
     server: &str,
     what: &str,
     limit: Duration,
-    lasting: bool,
+    may_apply: bool,
     request: impl Future<Output = std::result::Result<T, E>>,
 ) -> Result<std::result::Result<T, E>> {
-    within(NAME, format!("{what} on {server}"), limit, lasting, async {
-        Ok(request.await)
-    })
+    within(
+        NAME,
+        format!("{what} on {server}"),
+        limit,
+        may_apply,
+        async { Ok(request.await) },
+    )
     .await
 }
 
@@ -89,10 +97,10 @@ impl Shared {
         &self,
         what: &str,
         limit: Duration,
-        lasting: bool,
+        may_apply: bool,
         request: impl Future<Output = std::result::Result<T, E>>,
     ) -> Result<std::result::Result<T, E>> {
-        answer(&self.server, what, limit, lasting, request).await
+        answer(&self.server, what, limit, may_apply, request).await
     }
 
     /// Runs `KILL [QUERY] id` on an auxiliary connection; an unknown thread
@@ -278,7 +286,7 @@ impl Shared {
         Ok(LockConn::Own(c))
     }
 
-    /// A connection to wait and hold on: an idle one (see `idle.rs`), else
+    /// A connection to wait and hold on: an idle one (see [`Idle`]), else
     /// a new one. Waiters and holders
     /// never wait for each other's connections: a busy client only costs a
     /// connection setup.

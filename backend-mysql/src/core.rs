@@ -68,11 +68,13 @@ impl MysqlBackend {
             let [locks, fences, values] = schema_sql(&cfg.table)?;
             for ddl in [locks, fences] {
                 let fut = sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut probe);
+                // Created or not, nothing is held: a connect that did not
+                // answer is Unavailable.
                 answer(
                     &server,
                     "creating the lock tables",
                     cfg.request_timeout,
-                    true,
+                    false,
                     fut,
                 )
                 .await?
@@ -85,7 +87,7 @@ impl MysqlBackend {
                 &server,
                 "creating the lock tables",
                 cfg.request_timeout,
-                true,
+                false,
                 fut,
             )
             .await?

@@ -46,7 +46,7 @@ impl MysqlBackend {
     }
 
     /// Runs `stmt` in its own autocommit statement on another connection
-    /// than the holding one (an idle one of its own, see `idle.rs`), so that
+    /// than the holding one (an idle one of its own, see `conn.rs`), so that
     /// it never rolls back with a dead holder. An idle connection that died
     /// (a server restart) fails at once and the statement is sent again on
     /// another: at worst a counter skips a value, and tokens still rise.
@@ -59,17 +59,25 @@ impl MysqlBackend {
         let give_up = Instant::now() + sh.cfg.request_timeout;
         let mut tries = sh.cfg.pool_size + 1;
         loop {
+            // A connection first: nothing is sent until there is one, so
+            // one that did not come in time is Unavailable.
             let left = give_up.saturating_duration_since(Instant::now());
-            let run = async {
-                let (mut c, reused) = match sh.fence_idle.take(left).await {
-                    Some(c) => (c, true),
-                    None => (
-                        sqlx::MySqlConnection::connect_with(&sh.opts)
-                            .await
-                            .map_err(|e| (false, map_err(e, "connecting", &sh.server)))?,
-                        false,
-                    ),
-                };
+            let getting = async {
+                match sh.fence_idle.take(left).await {
+                    Some(c) => Ok((c, true)),
+                    None => sqlx::MySqlConnection::connect_with(&sh.opts)
+                        .await
+                        .map(|c| (c, false)),
+                }
+            };
+            let (mut c, reused) = sh
+                .answer("connecting", left, false, getting)
+                .await?
+                .map_err(|e| map_err(e, "connecting", &sh.server))?;
+            // The write itself: one that did not answer may have committed.
+            // Dropped unanswered, the connection is closed with it.
+            let left = give_up.saturating_duration_since(Instant::now());
+            let writing = async move {
                 let done = match stmt {
                     Autocommit::Fence {
                         name,
@@ -92,28 +100,25 @@ impl MysqlBackend {
                             .await
                     }
                 };
-                match done {
-                    Ok(done) => {
-                        sh.fence_idle.park(c);
-                        Ok(done)
-                    }
-                    // A dead idle connection: it is dropped; send again.
-                    Err(sqlx::Error::Io(_)) if reused => {
-                        Err((true, Error::unavailable(NAME, "a dead idle connection")))
-                    }
-                    Err(e) => Err((false, map_err(e, what, &sh.server))),
-                }
+                (c, done)
             };
-            // An autocommit write: one that did not answer may have
-            // committed.
-            return match sh.answer(what, left, true, run).await? {
-                Ok(done) => Ok(done),
-                Err((true, _)) if tries > 1 => {
+            let written = async { Ok::<_, std::convert::Infallible>(writing.await) };
+            let Ok((c, done)) = sh.answer(what, left, true, written).await?;
+            return match done {
+                Ok(done) => {
+                    sh.fence_idle.park(c);
+                    Ok(done)
+                }
+                // A dead idle connection (it is dropped): send again.
+                Err(sqlx::Error::Io(_)) if reused && tries > 1 => {
                     tries -= 1;
                     tracing::debug!("an idle connection was dead; sending again");
                     continue;
                 }
-                Err((_, e)) => Err(e),
+                Err(sqlx::Error::Io(_)) if reused => {
+                    Err(Error::unavailable(NAME, "a dead idle connection"))
+                }
+                Err(e) => Err(map_err(e, what, &sh.server)),
             };
         }
     }

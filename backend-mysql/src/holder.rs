@@ -230,8 +230,10 @@ impl MysqlBackend {
     ///
     /// # Errors
     ///
-    /// As [`holder_connection`](MysqlBackend::holder_connection), and when the
-    /// `KILL` is refused (it needs the `CONNECTION ADMIN` privilege for other
+    /// As [`holder_connection`](MysqlBackend::holder_connection);
+    /// [`ErrorKind::Indeterminate`](lockcore::ErrorKind::Indeterminate) when
+    /// the `KILL` was sent and not answered (it may have ended the holder);
+    /// and an error when the `KILL` is refused (it needs the `CONNECTION ADMIN` privilege for other
     /// users' sessions).
     ///
     /// # Cancel safety

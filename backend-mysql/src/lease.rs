@@ -152,10 +152,13 @@ impl BackendLease for MysqlLease {
     ///
     /// # Cancel safety
     ///
-    /// A dropped release has taken the connection out of the lease: it is
-    /// closed dirty and its server thread killed, which rolls the
-    /// transaction back, so the row is freed at once or when the server
-    /// notices the closed socket, never held on.
+    /// A release dropped while a renewal still had the connection took
+    /// nothing: the lease is as it was (a dropped guard releases it in the
+    /// background). One dropped after it took the connection out closes it
+    /// dirty, which rolls the transaction back, so the row is freed at once
+    /// or when the server notices the closed socket, never held on (its
+    /// server thread is killed too, unless a cut-off renewal had already
+    /// ended the session).
     async fn release(&self) -> Result<Released> {
         let Some(mut h) = self.conn.take().await else {
             return Ok(Released::NotHeld);

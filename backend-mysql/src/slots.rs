@@ -337,9 +337,11 @@ impl MysqlBackend {
         for r in rows {
             q = q.bind(r.as_bytes());
         }
-        // An autocommit insert (the transaction was rolled back first).
+        // An autocommit insert (the transaction was rolled back first) of
+        // an unlocked row: created or not, nothing is held, so one that
+        // did not answer is Unavailable.
         match sh
-            .answer(what, sh.cfg.request_timeout, true, q.execute(h.conn()?))
+            .answer(what, sh.cfg.request_timeout, false, q.execute(h.conn()?))
             .await?
         {
             Ok(_) => {}

@@ -326,9 +326,11 @@ impl MysqlBackend {
             .bind(name.as_bytes())
             .bind(name.as_bytes())
             .execute(h.conn()?);
-        // An autocommit insert (the transaction was rolled back first).
+        // An autocommit insert (the transaction was rolled back first) of
+        // an unlocked row: created or not, nothing is held, so one that
+        // did not answer is Unavailable.
         match sh
-            .answer("creating the lock row", sh.cfg.request_timeout, true, fut)
+            .answer("creating the lock row", sh.cfg.request_timeout, false, fut)
             .await?
         {
             Ok(_) => {}

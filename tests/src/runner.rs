@@ -296,7 +296,8 @@ fn target_trials(
         .map(|case| {
             if let Some(why) = (case.skip_unless)(&ctx) {
                 let name = format!("{}::{}", target.name, case.name);
-                if !args.list && selected(args, &name) {
+                // Under `--ignored` libtest runs it, and its failure says why.
+                if !args.list && !args.ignored && !args.include_ignored && selected(args, &name) {
                     // libtest prints an ignored trial's name only: say why.
                     eprintln!("ignored {name}: {why}");
                 }

@@ -34,7 +34,10 @@ impl BackendLease for RedLockLease {
     ///
     /// Cancel safe: a dropped renewal at most extended the lease (or set it
     /// again where it was missing) on some instances, each still bounded by
-    /// the ttl.
+    /// the ttl. A renewal's `SET NX` still out when the lease is released
+    /// can land after the release and leave the key on a minority of the
+    /// instances until its ttl: never a majority, so never a second holder,
+    /// but a name that others wait for a little longer.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let sent = Instant::now();
         let ttl_arg = ttl_ms(ttl);
