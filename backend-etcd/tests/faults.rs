@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{CompactionOptions, GetOptions};
 use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
+use lockcore_conformance::own_cases;
 use lockcore_conformance::{
     compose, run_serial, soak_pausing, ClientPause, ConnectFuture, Ctx, Dir, Proxies, Target,
     UndoOnDrop, UrlHarness, COMPOSE_HINT,
@@ -663,30 +664,18 @@ fn main() -> std::process::ExitCode {
         harness::target("etcd-soak", "LOCKTEST_ETCD_URL")
             .only_own_cases()
             .case("soak", |ctx| Box::pin(soak_pausing(ctx, "etcd"))),
-        Target::new("etcd-faults", Some("LOCKTEST_ETCD_URL"), url)
-            .hint(COMPOSE_HINT)
-            .only_own_cases()
-            .case("stalled_holder_loses_lease", |ctx| {
-                Box::pin(stalled_holder_loses_lease(ctx))
-            })
-            .case("a_release_whose_reply_was_lost_is_released", |ctx| {
-                Box::pin(a_release_whose_reply_was_lost_is_released(ctx))
-            })
-            .case("compaction_during_long_wait", |ctx| {
-                Box::pin(compaction_during_long_wait(ctx))
-            })
-            .case("waiter_whose_lease_died_is_never_granted", |ctx| {
-                Box::pin(waiter_whose_lease_died_is_never_granted(ctx))
-            })
-            .case("a_predecessor_put_again_is_not_waited_for", |ctx| {
-                Box::pin(a_predecessor_put_again_is_not_waited_for(ctx))
-            })
-            .case("etcdctl_lock_interoperates", |ctx| {
-                Box::pin(etcdctl_lock_interoperates(ctx))
-            })
-            .case("etcdctl_elect_interoperates", |ctx| {
-                Box::pin(etcdctl_elect_interoperates(ctx))
-            }),
+        own_cases!(
+            Target::new("etcd-faults", Some("LOCKTEST_ETCD_URL"), url)
+                .hint(COMPOSE_HINT)
+                .only_own_cases(),
+            stalled_holder_loses_lease,
+            a_release_whose_reply_was_lost_is_released,
+            compaction_during_long_wait,
+            waiter_whose_lease_died_is_never_granted,
+            a_predecessor_put_again_is_not_waited_for,
+            etcdctl_lock_interoperates,
+            etcdctl_elect_interoperates,
+        ),
         Target::new(
             "etcd-cluster-faults",
             Some("LOCKTEST_ETCD_CLUSTER_URL"),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions};
 use lockcore::{LockOptions, Wait};
+use lockcore_conformance::own_cases;
 use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -303,32 +304,16 @@ async fn spares_are_revoked_with_the_backend(ctx: Ctx) {
 
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
-    run_serial(vec![Target::new(
-        "etcd-leases",
-        Some("LOCKTEST_ETCD_URL"),
-        url,
-    )
-    .hint(COMPOSE_HINT)
-    .only_own_cases()
-    .case("two_durable_writes_per_cycle", |ctx| {
-        Box::pin(two_durable_writes_per_cycle(ctx))
-    })
-    .case("released_lease_serves_the_next_lock", |ctx| {
-        Box::pin(released_lease_serves_the_next_lock(ctx))
-    })
-    .case("recycled_lease_gets_its_whole_ttl", |ctx| {
-        Box::pin(recycled_lease_gets_its_whole_ttl(ctx))
-    })
-    .case("abandoned_and_lost_leases_are_not_reused", |ctx| {
-        Box::pin(abandoned_and_lost_leases_are_not_reused(ctx))
-    })
-    .case("a_second_release_leaves_a_reused_lease_alone", |ctx| {
-        Box::pin(a_second_release_leaves_a_reused_lease_alone(ctx))
-    })
-    .case("failed_tries_keep_their_lease_spare", |ctx| {
-        Box::pin(failed_tries_keep_their_lease_spare(ctx))
-    })
-    .case("spares_are_revoked_with_the_backend", |ctx| {
-        Box::pin(spares_are_revoked_with_the_backend(ctx))
-    })])
+    run_serial(vec![own_cases!(
+        Target::new("etcd-leases", Some("LOCKTEST_ETCD_URL"), url)
+            .hint(COMPOSE_HINT)
+            .only_own_cases(),
+        two_durable_writes_per_cycle,
+        released_lease_serves_the_next_lock,
+        recycled_lease_gets_its_whole_ttl,
+        abandoned_and_lost_leases_are_not_reused,
+        a_second_release_leaves_a_reused_lease_alone,
+        failed_tries_keep_their_lease_spare,
+        spares_are_revoked_with_the_backend,
+    )])
 }

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Wait};
+use lockcore_conformance::own_cases;
+use lockcore_conformance::scenarios::rw_beside_a_foreign_hold;
 use lockcore_conformance::{
     compose, run_serial, soak_pausing, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness,
     COMPOSE_HINT,
@@ -452,19 +454,7 @@ async fn share_and_update_locks_from_sql_are_readers_and_writers(ctx: Ctx) {
         .await
         .expect("lock the row");
         assert!(locked.is_some(), "no row {row:?}");
-        let r = rw.try_read().await.expect("try_read");
-        assert_eq!(
-            r.is_some(),
-            reads_beside,
-            "our reader beside SQL's {clause}"
-        );
-        if let Some(r) = r {
-            r.release().await.expect("release");
-        }
-        assert!(
-            rw.try_write().await.expect("try_write").is_none(),
-            "our writer beside SQL's {clause}"
-        );
+        rw_beside_a_foreign_hold(&rw, reads_beside, &format!("SQL's {clause}")).await;
         sqlx::raw_sql("COMMIT")
             .execute(&mut sql)
             .await
@@ -1141,86 +1131,41 @@ fn main() -> std::process::ExitCode {
         harness::target("mysql-soak")
             .only_own_cases()
             .case("soak", |ctx| Box::pin(soak_pausing(ctx, "mariadb"))),
-        Target::new(
-            "mysql-faults",
-            Some("LOCKTEST_MYSQL_URL"),
-            |url| async move {
-                // Creates the tables if needed.
-                drop(lockcore_mysql::connect(&url).await?);
-                Ok(UrlHarness::shared(url, connect))
-            },
-        )
-        .hint(COMPOSE_HINT)
-        .only_own_cases()
-        .case("a_fence_increment_without_answer_is_indeterminate", |ctx| {
-            Box::pin(a_fence_increment_without_answer_is_indeterminate(ctx))
-        })
-        .case("restart_under_a_holder", |ctx| {
-            Box::pin(restart_under_a_holder(ctx))
-        })
-        .case("kill_holder_connection", |ctx| {
-            Box::pin(kill_holder_connection(ctx))
-        })
-        .case("killed_leader_hands_over_with_its_value", |ctx| {
-            Box::pin(killed_leader_hands_over_with_its_value(ctx))
-        })
-        .case("a_row_held_unpublished_is_held", |ctx| {
-            Box::pin(a_row_held_unpublished_is_held(ctx))
-        })
-        .case("a_squatted_user_lock_blocks_no_lock", |ctx| {
-            Box::pin(a_squatted_user_lock_blocks_no_lock(ctx))
-        })
-        .case("tables_without_values_still_inspect", |ctx| {
-            Box::pin(tables_without_values_still_inspect(ctx))
-        })
-        .case("release_after_a_cut_off_renewal", |ctx| {
-            Box::pin(release_after_a_cut_off_renewal(ctx))
-        })
-        .case("a_dropped_extend_keeps_the_lease", |ctx| {
-            Box::pin(a_dropped_extend_keeps_the_lease(ctx))
-        })
-        .case(
-            "share_and_update_locks_from_sql_are_readers_and_writers",
-            |ctx| Box::pin(share_and_update_locks_from_sql_are_readers_and_writers(ctx)),
-        )
-        .case("slot_rows_locked_from_sql_are_permits", |ctx| {
-            Box::pin(slot_rows_locked_from_sql_are_permits(ctx))
-        })
-        .case("permit_counts_out_of_range_are_refused", |ctx| {
-            Box::pin(permit_counts_out_of_range_are_refused(ctx))
-        })
-        .case("equal_counts_beside_old_rows_are_no_mismatch", |ctx| {
-            Box::pin(equal_counts_beside_old_rows_are_no_mismatch(ctx))
-        })
-        .case("wide_semaphore_waiter_gets_any_freed_permit", |ctx| {
-            Box::pin(wide_semaphore_waiter_gets_any_freed_permit(ctx))
-        })
-        .case("names_are_byte_exact", |ctx| {
-            Box::pin(names_are_byte_exact(ctx))
-        })
-        .case("fencing_none_writes_nothing", |ctx| {
-            Box::pin(fencing_none_writes_nothing(ctx))
-        })
-        .case("fencing_none_validity_after_a_long_wait", |ctx| {
-            Box::pin(fencing_none_validity_after_a_long_wait(ctx))
-        })
-        .case("busy_pool_opens_its_own_connections", |ctx| {
-            Box::pin(busy_pool_opens_its_own_connections(ctx))
-        })
-        .case("kill_holder_spares_a_reused_connection", |ctx| {
-            Box::pin(kill_holder_spares_a_reused_connection(ctx))
-        })
-        .case("kill_holder_never_kills_a_waiter", |ctx| {
-            Box::pin(kill_holder_never_kills_a_waiter(ctx))
-        })
-        .case("first_lock_after_a_server_restart", |ctx| {
-            Box::pin(first_lock_after_a_server_restart(ctx))
-        })
-        .case("dropped_guard_frees_row_promptly", |ctx| {
-            Box::pin(dropped_guard_frees_row_promptly(ctx))
-        })
-        .case("stalled_holder_is_timed_out_by_server", |ctx| {
-            Box::pin(stalled_holder_is_timed_out_by_server(ctx))
-        }),
+        own_cases!(
+            Target::new(
+                "mysql-faults",
+                Some("LOCKTEST_MYSQL_URL"),
+                |url| async move {
+                    // Creates the tables if needed.
+                    drop(lockcore_mysql::connect(&url).await?);
+                    Ok(UrlHarness::shared(url, connect))
+                },
+            )
+            .hint(COMPOSE_HINT)
+            .only_own_cases(),
+            a_fence_increment_without_answer_is_indeterminate,
+            restart_under_a_holder,
+            kill_holder_connection,
+            killed_leader_hands_over_with_its_value,
+            a_row_held_unpublished_is_held,
+            a_squatted_user_lock_blocks_no_lock,
+            tables_without_values_still_inspect,
+            release_after_a_cut_off_renewal,
+            a_dropped_extend_keeps_the_lease,
+            share_and_update_locks_from_sql_are_readers_and_writers,
+            slot_rows_locked_from_sql_are_permits,
+            permit_counts_out_of_range_are_refused,
+            equal_counts_beside_old_rows_are_no_mismatch,
+            wide_semaphore_waiter_gets_any_freed_permit,
+            names_are_byte_exact,
+            fencing_none_writes_nothing,
+            fencing_none_validity_after_a_long_wait,
+            busy_pool_opens_its_own_connections,
+            kill_holder_spares_a_reused_connection,
+            kill_holder_never_kills_a_waiter,
+            first_lock_after_a_server_restart,
+            dropped_guard_frees_row_promptly,
+            stalled_holder_is_timed_out_by_server,
+        ),
     ])
 }

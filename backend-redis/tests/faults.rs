@@ -11,6 +11,7 @@ mod harness;
 use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Locker, Wait};
+use lockcore_conformance::own_cases;
 use lockcore_conformance::{
     compose, run_serial, soak_pausing, ConnectFuture, Ctx, Dir, Proxies, Target, UndoOnDrop,
     UrlHarness, COMPOSE_HINT,
@@ -975,74 +976,47 @@ fn main() -> std::process::ExitCode {
         )
         .only_own_cases()
         .case("soak", |ctx| Box::pin(soak_pausing(ctx, "redlock-2"))),
-        Target::new(
-            "redlock-faults",
-            Some("LOCKTEST_REDLOCK_URL"),
-            |url| async move { Ok(UrlHarness::shared(url, connect)) },
-        )
-        .hint(COMPOSE_HINT)
-        .only_own_cases()
-        .case("redlock_calls_reach_every_instance", |ctx| {
-            Box::pin(redlock_calls_reach_every_instance(ctx))
-        })
-        .case("redlock_tokens_are_never_reused", |ctx| {
-            Box::pin(redlock_tokens_are_never_reused(ctx))
-        })
-        .case("redlock_majority_rules", |ctx| {
-            Box::pin(redlock_majority_rules(ctx))
-        })
-        .case("redlock_one_master_twice_is_refused", |ctx| {
-            Box::pin(redlock_one_master_twice_is_refused(ctx))
-        })
-        .case("redlock_release_refused_by_a_majority_is_lost", |ctx| {
-            Box::pin(redlock_release_refused_by_a_majority_is_lost(ctx))
-        })
-        .case("redlock_leader_is_the_majority_holder", |ctx| {
-            Box::pin(redlock_leader_is_the_majority_holder(ctx))
-        })
-        .case("redlock_renewal_survives_restarts", |ctx| {
-            Box::pin(redlock_renewal_survives_restarts(ctx))
-        })
-        .case(
-            "redlock_restart_without_persistence_can_double_grant",
-            |ctx| Box::pin(redlock_restart_without_persistence_can_double_grant(ctx)),
-        )
-        .case("lost_after_restart_without_persistence", |ctx| {
-            Box::pin(lost_after_restart_without_persistence(ctx))
-        })
-        .case("redlock_release_unanswered_is_not_lost", |ctx| {
-            Box::pin(redlock_release_unanswered_is_not_lost(ctx))
-        }),
-        Target::new(
-            "redis-faults",
-            Some("LOCKTEST_REDIS_URL"),
-            |url| async move { Ok(UrlHarness::shared(url, connect)) },
-        )
-        .only_own_cases()
-        .case("pubsub_recovers_from_a_dead_connection", |ctx| {
-            Box::pin(pubsub_recovers_from_a_dead_connection(ctx))
-        })
-        .case("failed_acquire_script_leaves_no_key", |ctx| {
-            Box::pin(failed_acquire_script_leaves_no_key(ctx))
-        })
-        .case("leader_term_outlives_the_counter", |ctx| {
-            Box::pin(leader_term_outlives_the_counter(ctx))
-        })
-        .case("fence_counters_expire", |ctx| {
-            Box::pin(fence_counters_expire(ctx))
-        }),
-        Target::new(
-            "redis-replica",
-            Some("LOCKTEST_REDIS_REPLICATED_URL"),
-            |url| async move { Ok(UrlHarness::shared(url, connect)) },
-        )
-        .hint(COMPOSE_HINT)
-        .only_own_cases()
-        .case("replica_sync_guard", |ctx| {
-            Box::pin(replica_sync_guard(ctx))
-        })
-        .case("failover_to_a_lagging_replica_loses_the_lock", |ctx| {
-            Box::pin(failover_to_a_lagging_replica_loses_the_lock(ctx))
-        }),
+        own_cases!(
+            Target::new(
+                "redlock-faults",
+                Some("LOCKTEST_REDLOCK_URL"),
+                |url| async move { Ok(UrlHarness::shared(url, connect)) },
+            )
+            .hint(COMPOSE_HINT)
+            .only_own_cases(),
+            redlock_calls_reach_every_instance,
+            redlock_tokens_are_never_reused,
+            redlock_majority_rules,
+            redlock_one_master_twice_is_refused,
+            redlock_release_refused_by_a_majority_is_lost,
+            redlock_leader_is_the_majority_holder,
+            redlock_renewal_survives_restarts,
+            redlock_restart_without_persistence_can_double_grant,
+            lost_after_restart_without_persistence,
+            redlock_release_unanswered_is_not_lost,
+        ),
+        own_cases!(
+            Target::new(
+                "redis-faults",
+                Some("LOCKTEST_REDIS_URL"),
+                |url| async move { Ok(UrlHarness::shared(url, connect)) },
+            )
+            .only_own_cases(),
+            pubsub_recovers_from_a_dead_connection,
+            failed_acquire_script_leaves_no_key,
+            leader_term_outlives_the_counter,
+            fence_counters_expire,
+        ),
+        own_cases!(
+            Target::new(
+                "redis-replica",
+                Some("LOCKTEST_REDIS_REPLICATED_URL"),
+                |url| async move { Ok(UrlHarness::shared(url, connect)) },
+            )
+            .hint(COMPOSE_HINT)
+            .only_own_cases(),
+            replica_sync_guard,
+            failover_to_a_lagging_replica_loses_the_lock,
+        ),
     ])
 }

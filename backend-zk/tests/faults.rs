@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker};
+use lockcore_conformance::own_cases;
+use lockcore_conformance::scenarios::rw_beside_a_foreign_hold;
 use lockcore_conformance::{
     compose, run_serial, soak_pausing, Ctx, Dir, Harness, Proxies, Target, UndoOnDrop, COMPOSE_HINT,
 };
@@ -826,19 +828,7 @@ async fn kazoo_read_and_write_nodes_are_contenders(ctx: Ctx) {
             )
             .await
             .expect("kazoo node");
-        let read = rw.try_read().await.expect("try_read");
-        assert_eq!(
-            read.is_some(),
-            reads_beside,
-            "our reader beside a kazoo {case}"
-        );
-        if let Some(r) = read {
-            r.release().await.expect("release");
-        }
-        assert!(
-            rw.try_write().await.expect("try_write").is_none(),
-            "our writer beside a kazoo {case}"
-        );
+        rw_beside_a_foreign_hold(&rw, reads_beside, &format!("a kazoo {case}")).await;
         raw.delete(
             &format!("{parent}/8f14e45fceea167a5a36dedd4bea2543{mark}{seq}"),
             None,
@@ -1208,66 +1198,37 @@ fn main() -> std::process::ExitCode {
         harness::target("zk-soak", "LOCKTEST_ZK_URL")
             .only_own_cases()
             .case("soak", |ctx| Box::pin(soak_pausing(ctx, "zk"))),
-        Target::new("zk", Some("LOCKTEST_ZK_URL"), |url| async move {
-            Ok(Arc::new(Zk { url }) as Arc<dyn Harness>)
-        })
-        .hint(COMPOSE_HINT)
-        .only_own_cases()
-        .case("fifty_waiters_one_wakeup_per_release", |ctx| {
-            Box::pin(fifty_waiters_one_wakeup_per_release(ctx))
-        })
-        .case("session_expiry_under_holder_and_waiter", |ctx| {
-            Box::pin(session_expiry_under_holder_and_waiter(ctx))
-        })
-        .case("ttl_outside_server_bounds", |ctx| {
-            Box::pin(ttl_outside_server_bounds(ctx))
-        })
-        .case("sessions_do_not_pile_up", |ctx| {
-            Box::pin(sessions_do_not_pile_up(ctx))
-        })
-        .case("tries_on_a_silent_ensemble_end_together", |ctx| {
-            Box::pin(tries_on_a_silent_ensemble_end_together(ctx))
-        })
-        .case("a_release_cut_off_by_a_partition_frees_the_name", |ctx| {
-            Box::pin(a_release_cut_off_by_a_partition_frees_the_name(ctx))
-        })
-        .case("release_deletes_a_late_twin", |ctx| {
-            Box::pin(release_deletes_a_late_twin(ctx))
-        })
-        .case("curator_and_kazoo_nodes_are_contenders", |ctx| {
-            Box::pin(curator_and_kazoo_nodes_are_contenders(ctx))
-        })
-        .case("curator_mutex_interoperates", |ctx| {
-            Box::pin(curator_mutex_interoperates(ctx))
-        })
-        .case("curator_leader_latch_interoperates", |ctx| {
-            Box::pin(curator_leader_latch_interoperates(ctx))
-        })
-        .case("kazoo_read_and_write_nodes_are_contenders", |ctx| {
-            Box::pin(kazoo_read_and_write_nodes_are_contenders(ctx))
-        })
-        .case("curator_semaphore_interoperates", |ctx| {
-            Box::pin(curator_semaphore_interoperates(ctx))
-        })
-        .case("curator_rwlock_interoperates", |ctx| {
-            Box::pin(curator_rwlock_interoperates(ctx))
-        })
-        .case(
-            "expired_session_fires_lost_and_next_waiter_gets_it",
-            |ctx| Box::pin(expired_session_fires_lost_and_next_waiter_gets_it(ctx)),
+        own_cases!(
+            Target::new("zk", Some("LOCKTEST_ZK_URL"), |url| async move {
+                Ok(Arc::new(Zk { url }) as Arc<dyn Harness>)
+            })
+            .hint(COMPOSE_HINT)
+            .only_own_cases(),
+            fifty_waiters_one_wakeup_per_release,
+            session_expiry_under_holder_and_waiter,
+            ttl_outside_server_bounds,
+            sessions_do_not_pile_up,
+            tries_on_a_silent_ensemble_end_together,
+            a_release_cut_off_by_a_partition_frees_the_name,
+            release_deletes_a_late_twin,
+            curator_and_kazoo_nodes_are_contenders,
+            curator_mutex_interoperates,
+            curator_leader_latch_interoperates,
+            kazoo_read_and_write_nodes_are_contenders,
+            curator_semaphore_interoperates,
+            curator_rwlock_interoperates,
+            expired_session_fires_lost_and_next_waiter_gets_it,
         ),
-        Target::new(
-            "zk-ensemble",
-            Some("LOCKTEST_ZK_ENSEMBLE_URL"),
-            |url| async move { Ok(Arc::new(Zk { url }) as Arc<dyn Harness>) },
-        )
-        .hint(COMPOSE_HINT)
-        .only_own_cases()
-        .case("inspect_through_a_follower_sees_every_write", |ctx| {
-            Box::pin(inspect_through_a_follower_sees_every_write(ctx))
-        })
-        .case("leader_killed_while_held", |ctx| {
-            Box::pin(leader_killed_while_held(ctx))
-        }),
+        own_cases!(
+            Target::new(
+                "zk-ensemble",
+                Some("LOCKTEST_ZK_ENSEMBLE_URL"),
+                |url| async move { Ok(Arc::new(Zk { url }) as Arc<dyn Harness>) },
+            )
+            .hint(COMPOSE_HINT)
+            .only_own_cases(),
+            inspect_through_a_follower_sees_every_write,
+            leader_killed_while_held,
+        ),
     ])
 }

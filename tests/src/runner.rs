@@ -92,6 +92,16 @@ impl Target {
     }
 }
 
+/// Adds cases of its own to a [`Target`], each an `async fn(Ctx)` named as
+/// its trial: `own_cases!(target, first_case, second_case)` is
+/// `target.case("first_case", |ctx| Box::pin(first_case(ctx)))...`.
+#[macro_export]
+macro_rules! own_cases {
+    ($target:expr, $($case:ident),+ $(,)?) => {
+        $target$(.case(stringify!($case), |ctx| Box::pin($case(ctx))))+
+    };
+}
+
 fn required(target: &str) -> bool {
     std::env::var("LOCKTEST_REQUIRE").is_ok_and(|v| {
         v.split(',')

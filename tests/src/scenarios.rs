@@ -405,3 +405,23 @@ pub async fn impostor_servers(ctx: &Ctx) -> Option<Report> {
     }
     Some(r)
 }
+
+/// What our read-write lock does beside another client's hold on the same
+/// name (`foreign` says whose, for the messages): our reader is granted
+/// beside it exactly when `reads_beside` (the other holds it shared), our
+/// writer never; asked of the server with tries.
+///
+/// # Panics
+///
+/// When the server grants otherwise: the case fails.
+pub async fn rw_beside_a_foreign_hold(rw: &lockcore::RwLock, reads_beside: bool, foreign: &str) {
+    let read = rw.try_read().await.expect("try_read");
+    assert_eq!(read.is_some(), reads_beside, "our reader beside {foreign}");
+    if let Some(r) = read {
+        r.release().await.expect("release");
+    }
+    assert!(
+        rw.try_write().await.expect("try_write").is_none(),
+        "our writer beside {foreign}"
+    );
+}
