@@ -20,6 +20,11 @@
 //! thirds as 5), in the forced hand-off (its default retries: 3, with a
 //! random delay below 200 ms), and as RedLock over the same five masters
 //! (alternating sixths).
+//!
+//! 6. Behind Sentinel (with `LOCKTEST_REDIS_SENTINEL_URL`): one task through
+//!    `redis+sentinel://`, beside the same master reached by `redis://`,
+//!    and with the replica-sync guard (`sync_replicas=1`), in alternating
+//!    ninths.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -274,5 +279,52 @@ fn main() {
         println!("| figure, same server, alternating thirds | lockcore-redis | raw redis-rs: SET NX PX + EVALSHA release | ratio |");
         println!("|---|---|---|---|");
         println!("| 1 task, acquire+release pairs/s | {ours_alt:.0} | {raw1:.0} | {:.2} |", ours_alt / raw1);
+        if let Ok(sentinels) = std::env::var("LOCKTEST_REDIS_SENTINEL_URL") {
+            sentinel(&sentinels, &ns).await;
+        }
     });
+}
+
+/// Section 6: Sentinel beside the same master by `redis://`, and the cost
+/// of the replica-sync guard, in alternating ninths.
+async fn sentinel(sentinels: &str, ns: &str) {
+    let u = lockcore::raw::address::ServerUrl::parse(sentinels, 26379).unwrap();
+    let asked = redis::Client::open(format!("redis://{}", u.hosts[0])).unwrap();
+    let (host, port): (String, u16) = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(&u.path)
+        .query_async(&mut asked.get_multiplexed_async_connection().await.unwrap())
+        .await
+        .unwrap();
+    let direct = lockcore_redis::connect(&format!("redis://{host}:{port}"))
+        .await
+        .unwrap();
+    let through = lockcore_redis::connect(sentinels).await.unwrap();
+    let guarded =
+        lockcore_redis::connect(&format!("{sentinels}?sync_replicas=1&sync_timeout_ms=500"))
+            .await
+            .unwrap();
+    let (mut d, mut t, mut g) = (0.0, 0.0, 0.0);
+    for _ in 0..9 {
+        d += workload::uncontended(&direct, ns, 1, RUN / 9)
+            .await
+            .unwrap()
+            / 9.0;
+        t += workload::uncontended(&through, ns, 1, RUN / 9)
+            .await
+            .unwrap()
+            / 9.0;
+        g += workload::uncontended(&guarded, ns, 1, RUN / 9)
+            .await
+            .unwrap()
+            / 9.0;
+    }
+    println!();
+    println!("| figure, same master, alternating ninths | redis+sentinel:// | redis:// to the master | ratio | with sync_replicas=1 | its ratio to redis+sentinel:// |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| 1 task, acquire+release pairs/s | {t:.0} | {d:.0} | {:.2} | {g:.0} | {:.2} |",
+        t / d,
+        g / t
+    );
 }

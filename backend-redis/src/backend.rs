@@ -5,10 +5,12 @@ use std::time::{Duration, Instant};
 
 use lockcore::raw::prelude::*;
 
+use lockcore::raw::retry::Backoff;
+
 use crate::client::{client, connect_cluster};
-use crate::config::{RedisConfig, SyncReplicas, Topology, NAME};
+use crate::config::{RedisConfig, Topology, NAME};
 use crate::conn::Conn;
-use crate::error::map_err;
+use crate::error::{map_err, unconfirmed};
 use crate::lease::{release, RedisLease};
 use crate::managed::Managed;
 use crate::scripts::{ttl_ms, Keys, ACQUIRE, FENCE_KEEP, INSPECT};
@@ -39,12 +41,26 @@ impl RedisBackend {
     ///
     /// Cancel safe: it creates no lock state.
     pub async fn connect(cfg: RedisConfig) -> Result<Self> {
-        let (conn, wake_node, server) = match &cfg.topology {
-            Topology::Single(node) => (
-                Conn::Single(Managed::connect(node, &cfg).await?),
-                node.clone(),
-                node.to_string(),
-            ),
+        let (conn, wake, server) = match &cfg.topology {
+            Topology::Single(node) => {
+                let client = client(node, &cfg)?;
+                (
+                    Conn::Single(Managed::connect(node, &cfg).await?),
+                    Wakeups::new(move || client.clone(), cfg.response_timeout),
+                    node.to_string(),
+                )
+            }
+            Topology::Sentinel(set) => {
+                // The pub/sub connection follows the master the commands
+                // reach (a new one after each failover).
+                let m = Managed::connect_sentinel(set, &cfg).await?;
+                let follow = m.clone();
+                (
+                    Conn::Single(m),
+                    Wakeups::new(move || follow.client(), cfg.response_timeout),
+                    set.to_string(),
+                )
+            }
             Topology::Cluster(nodes) => {
                 let first = nodes.first().ok_or_else(|| {
                     Error::invalid_config(NAME, "a cluster needs at least one seed node")
@@ -54,9 +70,12 @@ impl RedisBackend {
                     .map(|n| n.to_string())
                     .collect::<Vec<_>>()
                     .join(",");
+                // Classic PUBLISH reaches every node of a cluster, so one
+                // node's pub/sub connection hears every release.
+                let client = client(first, &cfg)?;
                 (
                     Conn::Cluster(connect_cluster(nodes, &cfg).await?),
-                    first.clone(),
+                    Wakeups::new(move || client.clone(), cfg.response_timeout),
                     shown,
                 )
             }
@@ -67,49 +86,18 @@ impl RedisBackend {
                 ))
             }
         };
-        // Classic PUBLISH reaches every node of a cluster, so one node's
-        // pub/sub connection hears every release.
-        let client = client(&wake_node, &cfg)?;
         Ok(RedisBackend {
-            wake: Wakeups::new(client, cfg.response_timeout),
+            wake,
             conn,
             cfg,
             server,
         })
     }
 
-    /// `WAIT count timeout` after an acquire: how many replicas confirmed.
-    async fn sync_replicas(&self, sync: SyncReplicas) -> Result<()> {
-        let timeout_ms = u64::try_from(sync.timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(sync.count).arg(timeout_ms);
-        let what = format!("WAIT for replicas on {}", self.server);
-        let asked = async {
-            self.conn
-                .cmd::<u32>(&cmd)
-                .await
-                .map_err(|e| map_err(e, "WAIT for replicas", &self.server, false))
-        };
-        let acked = within(
-            NAME,
-            &what,
-            sync.timeout + self.cfg.response_timeout,
-            false,
-            asked,
-        )
-        .await?;
-        if acked < sync.count {
-            return Err(Error::unavailable(
-                NAME,
-                format!(
-                    "only {acked} of {} replicas confirmed the lock within {:?} on {}; the lock was released",
-                    sync.count, sync.timeout, self.server
-                ),
-            ));
-        }
-        Ok(())
+    /// The error of an acquire, renewal or release that its replicas did
+    /// not confirm.
+    fn unconfirmed(&self, what: &str, acked: u32, then: &str) -> Option<Error> {
+        unconfirmed(self.cfg.sync_replicas, &self.server, what, acked, then)
     }
 }
 
@@ -141,6 +129,8 @@ impl Backend for RedisBackend {
         let ttl = ttl_ms(req.ttl);
         let keep = ttl_ms(FENCE_KEEP);
         let mut subs: Vec<Subscription> = Vec::new();
+        // Sentinel: an acquire that waits rides out a failover.
+        let mut outage: Option<(Instant, Backoff)> = None;
         loop {
             let sent = Instant::now();
             // Armed before sending: a dropped or cut-off attempt is undone
@@ -153,31 +143,45 @@ impl Backend for RedisBackend {
             let all_keys = [keys.lock.as_str(), &keys.fence, &keys.value];
             let all_args = [token.as_str(), &ttl, &keep, req.value.unwrap_or_default()];
             let n = if req.value.is_some() { 3 } else { 2 };
-            let r: redis::RedisResult<(i64, i64)> = self
+            let r: redis::RedisResult<((i64, i64), u32)> = self
                 .conn
-                .script(&ACQUIRE, &all_keys[..n], &all_args[..=n])
+                .script_synced(
+                    &ACQUIRE,
+                    &all_keys[..n],
+                    &all_args[..=n],
+                    self.cfg.sync_replicas,
+                )
                 .await;
-            let (won, value) = match r {
+            let ((won, value), acked) = match r {
                 Ok(v) => v,
                 Err(e) => {
+                    let read_only =
+                        e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
                     let err = map_err(e, "acquire (SET NX PX)", &self.server, true);
                     // A script that failed midway (a foreign value where the
                     // counter lives, say) keeps the writes made before the
                     // failure: undo unless the request never left.
-                    if err.kind() == ErrorKind::Unavailable {
+                    if err.kind() == ErrorKind::Unavailable || read_only {
                         cleanup.disarm();
                     } else {
                         cleanup.run_now().await;
                     }
+                    let failing_over = read_only
+                        || matches!(
+                            err.kind(),
+                            ErrorKind::Unavailable | ErrorKind::Indeterminate
+                        );
+                    if failing_over && self.rides_out(&mut outage, req.deadline).await {
+                        continue;
+                    }
                     return Err(err);
                 }
             };
+            outage = None;
             if won == 1 {
-                if let Some(sync) = self.cfg.sync_replicas {
-                    if let Err(e) = self.sync_replicas(sync).await {
-                        cleanup.run_now().await;
-                        return Err(e);
-                    }
+                if let Some(e) = self.unconfirmed("lock", acked, "the lock was released") {
+                    cleanup.run_now().await;
+                    return Err(e);
                 }
                 let Ok(fence) = u64::try_from(value) else {
                     cleanup.run_now().await;
@@ -194,6 +198,7 @@ impl Backend for RedisBackend {
                         token,
                         self.server.clone(),
                         req.value.map(|_| fence),
+                        self.cfg.sync_replicas,
                     )),
                     fence: Some(fence),
                     valid_until: validity_deadline(sent, req.ttl),
@@ -258,6 +263,35 @@ impl Backend for RedisBackend {
                 .collect(),
             limit,
         )))
+    }
+}
+
+impl RedisBackend {
+    /// Whether an acquire whose request found no master should try again:
+    /// on Sentinel, while it may wait and for at most `failover_wait` of
+    /// outage, after a bounded backoff (the connection meanwhile asks the
+    /// sentinels for the new master).
+    async fn rides_out(&self, outage: &mut Option<(Instant, Backoff)>, deadline: Deadline) -> bool {
+        if !matches!(self.cfg.topology, Topology::Sentinel(_)) || matches!(deadline, Deadline::Now)
+        {
+            return false;
+        }
+        let (since, backoff) = outage.get_or_insert_with(|| {
+            (
+                Instant::now(),
+                Backoff::new(Duration::from_millis(50), Duration::from_millis(500)),
+            )
+        });
+        let mut until = Instant::now() + backoff.next_delay();
+        if let Some(d) = deadline.instant() {
+            until = until.min(d);
+        }
+        if until >= *since + self.cfg.failover_wait || deadline.passed(until) {
+            return false;
+        }
+        tracing::debug!(server = %self.server, "no master answers; the acquire waits for a failover");
+        tokio::time::sleep_until(until.into()).await;
+        true
     }
 }
 

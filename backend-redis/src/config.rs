@@ -5,16 +5,24 @@
 //! | `redis://[user[:password]@]host[:port][/db][?options]` | one instance |
 //! | `redis+cluster://[user[:password]@]h1:p1,h2:p2[?options]` | Redis Cluster (seed nodes) |
 //! | `redlock://[user[:password]@]h1:p1,h2:p2,h3:p3[?options]` | RedLock over independent masters |
-//! | `rediss://...`, `rediss+cluster://...` | the same over TLS (feature `tls`) |
+//! | `redis+sentinel://[user[:password]@]s1:26379,s2,s3/MASTER[?options]` | the master that the sentinels name `MASTER` |
+//! | `rediss://...`, `rediss+cluster://...`, `rediss+sentinel://...` | the same over TLS (feature `tls`) |
 //!
 //! Options: `prefix` (key prefix, default `lock:`), `response_timeout_ms`
-//! (default 500), `connect_timeout_ms` (default 1000), and for one instance
-//! `sync_replicas=N` with `sync_timeout_ms` (default 100): after each acquire,
-//! `WAIT N` for replicas to confirm, else release and fail.
+//! (default 500), `connect_timeout_ms` (default 1000), and for one instance,
+//! Sentinel and a cluster `sync_replicas=N` with `sync_timeout_ms` (default
+//! 100): the replica-sync guard (see [`SyncReplicas`]).
 //!
-//! TLS (with the crate's `tls` feature): `rediss://` and `rediss+cluster://`,
-//! or `?tls=true` (RedLock); `?ca_file=/path/ca.pem` trusts that root
-//! certificate besides the system's.
+//! Sentinel: the user and password of the URL are the master's (and its
+//! replicas'); `sentinel_user` and `sentinel_password` are the sentinels'
+//! own, when they ask for any; `db=N` selects the database;
+//! `failover_wait_ms` (default 30000) is how long an acquire that waits
+//! rides out a failover (no master answering) before it fails.
+//!
+//! TLS (with the crate's `tls` feature): `rediss://`, `rediss+cluster://`
+//! and `rediss+sentinel://` (sentinels and servers alike), or `?tls=true`
+//! (RedLock); `?ca_file=/path/ca.pem` trusts that root certificate besides
+//! the system's.
 
 use std::fmt;
 use std::time::Duration;
@@ -31,6 +39,8 @@ pub const SCHEMES: &[&str] = &[
     "rediss",
     "redis+cluster",
     "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
     "redlock",
 ];
 
@@ -97,9 +107,53 @@ pub enum Topology {
     Cluster(Vec<Node>),
     /// RedLock over independent masters.
     RedLock(Vec<Node>),
+    /// The master that Redis Sentinel names, followed across failovers.
+    Sentinel(SentinelSet),
 }
 
-/// Replica-sync guard: after an acquire, `WAIT count timeout`.
+/// The sentinels that name a master, and how to reach them.
+///
+/// `Debug` hides the passwords.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelSet {
+    /// The sentinels' addresses.
+    pub sentinels: Vec<HostPort>,
+    /// The master's name, as the sentinels know it (`sentinel monitor NAME ...`).
+    pub master_name: String,
+    /// The master's credentials and database, as a node without an address
+    /// (its host and port are the sentinels' answer).
+    pub master: Node,
+    /// The sentinels' own ACL user, if they ask for one.
+    pub sentinel_user: Option<String>,
+    /// The sentinels' own password, if they ask for one.
+    pub sentinel_password: Option<Secret>,
+}
+
+impl fmt::Display for SentinelSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "master {:?} of sentinels ", self.master_name)?;
+        for (i, s) in self.sentinels.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            s.fmt(f)?;
+        }
+        Ok(())
+    }
+}
+
+/// The replica-sync guard: every acquire, renewal and release counts only
+/// once `WAIT count timeout` confirms that `count` replicas have it.
+///
+/// The write and its `WAIT` go in one pipeline on one connection (`WAIT`
+/// counts the writes of its own connection). An acquire that is not
+/// confirmed is undone and fails with `Unavailable`; a renewal that is not
+/// confirmed is not counted (the lease's validity is not extended, so its
+/// lost signal fires at the validity it had unless a later renewal is
+/// confirmed); a release that is not confirmed fails with `Unavailable`,
+/// as the name may then stay taken on a promoted replica until its ttl.
+/// On a cluster, `WAIT` runs on the master of the lock's slot, counting
+/// that shard's replicas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncReplicas {
     /// How many replicas must confirm the write.
@@ -121,8 +175,11 @@ pub struct RedisConfig {
     pub response_timeout: Duration,
     /// How long to wait for a connection (default 1 s).
     pub connect_timeout: Duration,
-    /// Replica-sync guard (one instance only).
+    /// Replica-sync guard (not on RedLock).
     pub sync_replicas: Option<SyncReplicas>,
+    /// Sentinel: how long an acquire that waits rides out a failover (no
+    /// master answering) before it fails (default 30 s).
+    pub failover_wait: Duration,
     /// TLS to every server (needs the `tls` feature).
     pub tls: bool,
     /// A root certificate (PEM file) to trust besides the system's, for TLS.
@@ -138,9 +195,16 @@ impl RedisConfig {
             response_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(1),
             sync_replicas: None,
+            failover_wait: Duration::from_secs(30),
             tls: false,
             ca_file: None,
         }
+    }
+
+    /// How long a request may take: the response timeout, plus the
+    /// replica-sync guard's `WAIT` where there is one.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.response_timeout + self.sync_replicas.map_or(Duration::ZERO, |s| s.timeout)
     }
 
     /// Parses a URL (see the module docs). Errors are
@@ -155,10 +219,22 @@ impl RedisConfig {
         let bad = |what: String| {
             Error::invalid_config(NAME, format!("in Redis URL {}: {what}", redact(url)))
         };
-        let u = ServerUrl::parse(url, 6379).map_err(&bad)?;
-        let db = match u.path.as_str() {
-            "" => 0,
-            d => d
+        let sentinel = url
+            .trim_start()
+            .to_ascii_lowercase()
+            .contains("+sentinel://");
+        let u = ServerUrl::parse(url, if sentinel { 26379 } else { 6379 }).map_err(&bad)?;
+        let mut o = u.options();
+        let db = match (sentinel, u.path.as_str()) {
+            (true, "") => {
+                return Err(bad(
+                    "Sentinel URLs name the master after the hosts: redis+sentinel://s1:26379,s2:26379/MASTER"
+                        .into(),
+                ))
+            }
+            (true, _) => o.number::<i64>("db").map_err(&bad)?.unwrap_or(0),
+            (false, "") => 0,
+            (false, d) => d
                 .parse::<i64>()
                 .map_err(|_| bad(format!("database {d:?} is not a number")))?,
         };
@@ -189,6 +265,19 @@ impl RedisConfig {
                 ))
             }
             "redis+cluster" | "rediss+cluster" => Topology::Cluster(nodes),
+            "redis+sentinel" | "rediss+sentinel" => Topology::Sentinel(SentinelSet {
+                sentinels: u.hosts.clone(),
+                master_name: u.path.clone(),
+                master: Node {
+                    host: String::new(),
+                    port: 0,
+                    user: u.user.clone(),
+                    password: u.password.clone(),
+                    db,
+                },
+                sentinel_user: o.string("sentinel_user"),
+                sentinel_password: o.string("sentinel_password").map(Secret::new),
+            }),
             "redlock" if nodes.len() >= 3 && nodes.len() % 2 == 1 => Topology::RedLock(nodes),
             "redlock" => {
                 return Err(bad(format!(
@@ -198,13 +287,12 @@ impl RedisConfig {
             }
             other => {
                 return Err(bad(format!(
-                    "unknown scheme {other:?} (expected redis://, rediss://, redis+cluster:// or redlock://)"
+                    "unknown scheme {other:?} (expected redis://, rediss://, redis+cluster://, redis+sentinel:// or redlock://)"
                 )))
             }
         };
         let mut cfg = RedisConfig::new(topology);
         cfg.tls = u.scheme.starts_with("rediss");
-        let mut o = u.options();
         if let Some(p) = o.string("prefix") {
             cfg.prefix = p;
         }
@@ -221,11 +309,19 @@ impl RedisConfig {
             .map_err(&bad)?
             .unwrap_or(Duration::from_millis(100));
         let sync_count = o.number::<u32>("sync_replicas").map_err(&bad)?;
+        if let Some(t) = o.millis("failover_wait_ms").map_err(&bad)? {
+            if !sentinel {
+                return Err(bad(
+                    "failover_wait_ms applies to Sentinel (redis+sentinel://) only".into(),
+                ));
+            }
+            cfg.failover_wait = t;
+        }
         o.finish().map_err(&bad)?;
         if let Some(count) = sync_count {
-            if !matches!(cfg.topology, Topology::Single(_)) {
+            if matches!(cfg.topology, Topology::RedLock(_)) {
                 return Err(bad(
-                    "sync_replicas applies to one instance (redis://) only".into()
+                    "sync_replicas does not apply to RedLock (its masters are independent)".into(),
                 ));
             }
             cfg.sync_replicas = Some(SyncReplicas {
@@ -259,6 +355,28 @@ mod tests {
         assert!(matches!(&c.topology, Topology::Cluster(v) if v.len() == 3 && v[2].port == 6379));
         let c = RedisConfig::parse("redlock://a:1,b:2,c:3,d:4,e:5").unwrap();
         assert!(matches!(&c.topology, Topology::RedLock(v) if v.len() == 5));
+        let c = RedisConfig::parse(
+            "redis+sentinel://u:s3cret@a,b:26380/mymaster?db=2&sentinel_password=p%40w&sync_replicas=1",
+        )
+        .unwrap();
+        let Topology::Sentinel(s) = &c.topology else {
+            panic!()
+        };
+        assert_eq!(s.master_name, "mymaster");
+        assert_eq!((s.sentinels[0].port, s.sentinels[1].port), (26379, 26380));
+        assert_eq!(s.master.db, 2);
+        assert_eq!(
+            s.master.password.as_ref().map(Secret::expose),
+            Some("s3cret")
+        );
+        assert_eq!(
+            s.sentinel_password.as_ref().map(Secret::expose),
+            Some("p@w")
+        );
+        assert_eq!(c.sync_replicas.map(|s| s.count), Some(1));
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let c = RedisConfig::parse("redis+cluster://a:1?sync_replicas=1").unwrap();
+        assert!(c.sync_replicas.is_some());
     }
 
     #[test]
@@ -274,6 +392,10 @@ mod tests {
             ("redis://:secret@h:1?response_timeout_ms=x", "milliseconds"),
             ("rediss://a,b", "one host"),
             ("redis://h?tls=maybe", "true or false"),
+            ("redis+sentinel://a,b", "name the master"),
+            ("redis+sentinel://a/m?db=x", "db"),
+            ("redis://h?failover_wait_ms=10", "Sentinel"),
+            ("redlock://a,b,c?sync_replicas=1", "RedLock"),
         ] {
             let e = RedisConfig::parse(url).unwrap_err();
             assert_eq!(e.kind(), lockcore::ErrorKind::InvalidConfig);

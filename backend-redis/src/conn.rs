@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisResult, Script};
 
-use crate::managed::Managed;
+use crate::config::SyncReplicas;
+use crate::managed::{Link, Managed};
 
 /// A connection to one instance or to a cluster; cheap to clone.
 #[derive(Clone)]
@@ -47,6 +47,66 @@ impl Conn {
                 r
             }
             Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs `script` and, in the same pipeline on the same connection,
+    /// `WAIT` for `sync`'s replicas to have its writes (`WAIT` counts the
+    /// writes of its own connection, so the two cannot go apart). Returns
+    /// the script's result and how many replicas confirmed it (`u32::MAX`
+    /// without a guard).
+    pub(crate) async fn script_synced<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        sync: Option<SyncReplicas>,
+    ) -> RedisResult<(T, u32)> {
+        let Some(sync) = sync else {
+            return Ok((self.script(script, keys, args).await?, u32::MAX));
+        };
+        let timeout_ms = u64::try_from(sync.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let mut pipe = redis::pipe();
+        pipe.add_command(eval)
+            .cmd("WAIT")
+            .arg(sync.count)
+            .arg(timeout_ms);
+        match self.pipeline::<(T, u32)>(&pipe).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // Load it (on a cluster: on every master), then once more.
+                let _: String = match self {
+                    Conn::Single(m) => {
+                        let (gen, mut c) = m.get();
+                        let r = script.load_async(&mut c).await;
+                        m.after(gen, &r);
+                        r?
+                    }
+                    Conn::Cluster(c) => script.load_async(&mut c.clone()).await?,
+                };
+                self.pipeline::<(T, u32)>(&pipe).await
+            }
+            r => r,
+        }
+    }
+
+    /// Runs a pipeline on one connection (on a cluster: the node of its
+    /// keys' slot).
+    async fn pipeline<T: FromRedisValue>(&self, pipe: &redis::Pipeline) -> RedisResult<T> {
+        match self {
+            Conn::Single(m) => {
+                let (gen, mut c) = m.get();
+                let r = pipe.query_async(&mut c).await;
+                m.after(gen, &r);
+                r
+            }
+            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
         }
     }
 
@@ -168,7 +228,7 @@ async fn scan_one(
 
 /// The server one `SCAN` runs on.
 enum Scanned<'a> {
-    Single(&'a mut ConnectionManager),
+    Single(&'a mut Link),
     Node(
         &'a mut ClusterConnection,
         redis::cluster_routing::RoutingInfo,

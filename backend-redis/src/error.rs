@@ -3,7 +3,7 @@
 use lockcore::{Error, ErrorKind};
 use redis::RedisError;
 
-use crate::config::NAME;
+use crate::config::{SyncReplicas, NAME};
 
 /// Maps a client error. `mutating`: the request may have changed server
 /// state, so a cut-off request is `Indeterminate` rather than `Unavailable`.
@@ -58,4 +58,26 @@ pub(crate) fn map_connect_err(e: RedisError, server: &str) -> Error {
         ),
     )
     .with_source(e)
+}
+
+/// The error of a write on `server` that fewer replicas confirmed than the
+/// replica-sync guard `sync` asks for (`acked` of them); `None` when enough
+/// did, or without a guard. `then` says what that leaves.
+pub(crate) fn unconfirmed(
+    sync: Option<SyncReplicas>,
+    server: &str,
+    what: &str,
+    acked: u32,
+    then: &str,
+) -> Option<Error> {
+    let sync = sync?;
+    (acked < sync.count).then(|| {
+        Error::unavailable(
+            NAME,
+            format!(
+                "only {acked} of {} replicas confirmed the {what} within {:?} on {server}; {then}",
+                sync.count, sync.timeout
+            ),
+        )
+    })
 }

@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use lockcore::raw::prelude::*;
 
+use crate::config::SyncReplicas;
 use crate::conn::Conn;
-use crate::error::map_err;
+use crate::error::{map_err, unconfirmed};
 use crate::scripts::{ttl_ms, Keys, FENCE_KEEP, RELEASE, RENEW, RENEW_WITH_VALUE};
 
 /// Compare-and-delete with `token`, and a wake-up on the release channel:
@@ -30,6 +31,8 @@ pub(crate) struct RedisLease {
     /// For a lease that carries a value key (renewed beside the lock key):
     /// its fencing token, which the renewal keeps the counter at.
     with_value: Option<u64>,
+    /// The replica-sync guard every renewal and the release wait for.
+    sync: Option<SyncReplicas>,
 }
 
 impl RedisLease {
@@ -39,6 +42,7 @@ impl RedisLease {
         token: String,
         server: String,
         with_value: Option<u64>,
+        sync: Option<SyncReplicas>,
     ) -> Self {
         RedisLease {
             conn,
@@ -46,6 +50,7 @@ impl RedisLease {
             token,
             server,
             with_value,
+            sync,
         }
     }
 }
@@ -53,7 +58,10 @@ impl RedisLease {
 #[async_trait]
 impl BackendLease for RedisLease {
     /// `PEXPIRE` only if the key still holds this owner's token (and the
-    /// value key with it, for a lease that carries one).
+    /// value key with it, for a lease that carries one). With the
+    /// replica-sync guard, a renewal its replicas did not confirm is an
+    /// error: the validity is not extended past what a promoted replica
+    /// would know.
     ///
     /// # Cancel safety
     ///
@@ -66,17 +74,33 @@ impl BackendLease for RedisLease {
             Some(fence) => {
                 let (keep, fence) = (ttl_ms(FENCE_KEEP), fence.to_string());
                 self.conn
-                    .script(
+                    .script_synced(
                         &RENEW_WITH_VALUE,
                         &[&self.keys.lock, &self.keys.value, &self.keys.fence],
                         &[args[0], args[1], &keep, &fence],
+                        self.sync,
                     )
                     .await
             }
-            None => self.conn.script(&RENEW, &[&self.keys.lock], &args).await,
+            None => {
+                self.conn
+                    .script_synced(&RENEW, &[&self.keys.lock], &args, self.sync)
+                    .await
+            }
         };
-        let r: i64 =
+        let (r, acked): (i64, u32) =
             renewing.map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
+        if r == 1 {
+            if let Some(e) = unconfirmed(
+                self.sync,
+                &self.server,
+                "renewal",
+                acked,
+                "the lease's validity was not extended",
+            ) {
+                return Err(e);
+            }
+        }
         Ok(if r == 1 {
             Renewal::Renewed {
                 valid_until: validity_deadline(sent, ttl),
@@ -86,22 +110,36 @@ impl BackendLease for RedisLease {
         })
     }
 
-    /// Compare-and-delete, then a wake-up on the release channel.
+    /// Compare-and-delete, then a wake-up on the release channel. With the
+    /// replica-sync guard, a release its replicas did not confirm is an
+    /// error: a promoted replica may keep the name taken until the ttl.
     ///
     /// # Cancel safety
     ///
     /// A dropped release may or may not have deleted the key; it then ends
     /// by its ttl.
     async fn release(&self) -> Result<Released> {
-        let r: i64 = self
+        let (r, acked): (i64, u32) = self
             .conn
-            .script(
+            .script_synced(
                 &RELEASE,
                 &[&self.keys.lock],
                 &[&self.token, &self.keys.channel],
+                self.sync,
             )
             .await
             .map_err(|e| map_err(e, "release (compare-and-delete)", &self.server, true))?;
+        if r == 1 {
+            if let Some(e) = unconfirmed(
+                self.sync,
+                &self.server,
+                "release",
+                acked,
+                "a replica promoted now may keep the name taken until the ttl",
+            ) {
+                return Err(e);
+            }
+        }
         Ok(if r == 1 {
             Released::Released
         } else {

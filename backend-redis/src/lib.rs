@@ -1,4 +1,5 @@
-//! Redis backend for [`lockcore`]: one instance, a Redis Cluster, or RedLock
+//! Redis backend for [`lockcore`]: one instance, the master that Redis
+//! Sentinel names (followed across failovers), a Redis Cluster, or RedLock
 //! over independent masters.
 //!
 //! **Keys.** A lock name `N` maps to the key `<prefix>{N}` (prefix `lock:` by
@@ -38,9 +39,15 @@
 //! in practice also across data loss, as above. A failover to a lagging
 //! replica, or a restart without persistence, can lose the lock itself: a
 //! second holder can then get it while the first still believes it holds it
-//! until its next renewal fails (its lost signal fires then). The optional replica-sync guard
-//! (`?sync_replicas=N`) makes an acquire fail, and release, unless `N`
-//! replicas confirm it (`WAIT`), as Redisson's `checkLockSyncedSlaves`.
+//! until its next renewal fails (its lost signal fires then). The optional
+//! replica-sync guard (`?sync_replicas=N`, see [`SyncReplicas`]) counts an
+//! acquire, every renewal and the release only once `N` replicas confirm it
+//! (`WAIT`, in the same pipeline), as Redisson's `checkLockSyncedSlaves`
+//! does for the acquire: a failover then cannot promote a replica that
+//! misses a lease its holder still trusts.
+//! Sentinel (`redis+sentinel://`): the master is asked of the sentinels
+//! (the `redis` crate's Sentinel client), checked with `ROLE`, and asked
+//! again after a connection error or a `READONLY` reply.
 //! RedLock: no fencing (see [`RedLockBackend`]). Waiters are woken by pub/sub
 //! (not fair: whoever retries first wins), with a bounded poll as fallback.
 //!
@@ -65,7 +72,7 @@ mod scripts;
 mod wake;
 
 pub use backend::RedisBackend;
-pub use config::{Node, RedisConfig, SyncReplicas, Topology, NAME, SCHEMES};
+pub use config::{Node, RedisConfig, SentinelSet, SyncReplicas, Topology, NAME, SCHEMES};
 pub use redlock::RedLockBackend;
 
 use lockcore::Locker;

@@ -1,45 +1,122 @@
-//! One instance through the connection manager, replaced when it stops
-//! answering.
+//! One server's connection, replaced when it stops answering: one instance
+//! at a fixed address, or the master that Redis Sentinel names, followed
+//! across failovers.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use lockcore::raw::retry::Backoff;
 use lockcore::raw::sync::lock;
 use lockcore::{Error, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, RedisResult};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use crate::client::client;
-use crate::config::{Node, RedisConfig, NAME};
+use crate::client::{client, sentinel_client};
+use crate::config::{Node, RedisConfig, SentinelSet, NAME};
 use crate::error::{map_connect_err, map_err};
 
 /// Whether `e` says the connection it came from may be dead (a timeout, an
-/// I/O error, a dropped connection), so that it should be replaced.
+/// I/O error, a dropped connection), or reached a server that is no longer
+/// the master (`READONLY`), so that it should be checked and replaced.
 fn connection_suspect(e: &RedisError) -> bool {
-    e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+    e.is_timeout()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
-/// A connection to one instance that replaces itself once it stops
+/// Where connections go.
+enum Source {
+    /// One address, through the client library's connection manager, which
+    /// reconnects to it by itself.
+    Fixed(redis::Client),
+    /// The master the sentinels name. A replaced connection asks them
+    /// again; nothing reconnects to an old address behind this back (a
+    /// restarted old master may briefly call itself master).
+    Sentinel {
+        sentinels: tokio::sync::Mutex<SentinelClient>,
+        shown: String,
+    },
+}
+
+/// A connection of either source; cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Link {
+    /// To a fixed address.
+    Manager(ConnectionManager),
+    /// To the master the sentinels named.
+    Master(MultiplexedConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Manager(c) => c.req_packed_command(cmd),
+            Link::Master(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Manager(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Master(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Manager(c) => c.get_db(),
+            Link::Master(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connection in use: its generation, the connection, and the client
+/// of the server it reaches (for the pub/sub connection).
+struct Current {
+    generation: u64,
+    link: Link,
+    client: redis::Client,
+}
+
+/// A connection to one server that replaces itself once it stops
 /// answering.
 ///
 /// The client library's `ConnectionManager` reconnects on a dropped
 /// connection, but keeps one that went silent (a half-open TCP connection,
 /// after a network drop or a failover) and times out every request on it
-/// forever. Here a request that times out (or a caller that gave up on one)
-/// gets the connection checked with a `PING`, and replaced if that fails too.
+/// forever. Here a request that times out (or a caller that gave up on one,
+/// or a `READONLY` reply) gets the connection checked, with a `PING` (with
+/// `ROLE` for Sentinel's master), and replaced if that fails: at the same
+/// address, or at the master the sentinels name then (asked again with a
+/// bounded backoff until one answers as master).
 pub(crate) struct Managed {
-    client: redis::Client,
+    source: Source,
     config: ConnectionManagerConfig,
     response_timeout: Duration,
-    current: Mutex<(u64, ConnectionManager)>,
+    connect_timeout: Duration,
+    /// The response timeout of a request (with the replica-sync guard's
+    /// `WAIT` in it).
+    request_timeout: Duration,
+    current: Mutex<Current>,
     checking: AtomicBool,
 }
 
 impl std::fmt::Debug for Managed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Managed")
-            .field("generation", &lock(&self.current).0)
+            .field("generation", &lock(&self.current).generation)
             .finish_non_exhaustive()
     }
 }
@@ -48,73 +125,98 @@ impl Managed {
     fn config(cfg: &RedisConfig) -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_connection_timeout(Some(cfg.connect_timeout))
-            .set_response_timeout(Some(cfg.response_timeout))
+            .set_response_timeout(Some(cfg.request_timeout()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500))
+    }
+
+    fn new(source: Source, cfg: &RedisConfig, link: Link, client: redis::Client) -> Arc<Managed> {
+        Arc::new(Managed {
+            source,
+            config: Managed::config(cfg),
+            response_timeout: cfg.response_timeout,
+            connect_timeout: cfg.connect_timeout,
+            request_timeout: cfg.request_timeout(),
+            current: Mutex::new(Current {
+                generation: 0,
+                link,
+                client,
+            }),
+            checking: AtomicBool::new(false),
+        })
     }
 
     /// Connects now, failing with `Unavailable` when the instance does not
     /// answer within the connect timeout.
     pub(crate) async fn connect(node: &Node, cfg: &RedisConfig) -> Result<Arc<Managed>> {
         let client = client(node, cfg)?;
-        let config = Managed::config(cfg);
-        let fut = ConnectionManager::new_with_config(client.clone(), config.clone());
-        let manager = match tokio::time::timeout(cfg.connect_timeout * 3, fut).await {
+        let fut = ConnectionManager::new_with_config(client.clone(), Managed::config(cfg));
+        let within = cfg.connect_timeout * 3;
+        let manager = match tokio::time::timeout(within, fut).await {
             Ok(r) => r.map_err(|e| map_connect_err(e, &node.to_string()))?,
             Err(_) => {
                 return Err(Error::unavailable(
                     NAME,
-                    format!(
-                        "connect to {node}: no answer within {:?}",
-                        cfg.connect_timeout * 3
-                    ),
+                    format!("connect to {node}: no answer within {within:?}"),
                 ))
             }
         };
         // The handshake sends AUTH only when the URL has a password: a
         // server that wants one is found out here, not at the first lock.
         let mut probe = manager.clone();
-        match tokio::time::timeout(
-            cfg.connect_timeout * 3,
-            redis::cmd("PING").query_async::<String>(&mut probe),
-        )
-        .await
+        match tokio::time::timeout(within, redis::cmd("PING").query_async::<String>(&mut probe))
+            .await
         {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(map_connect_err(e, &node.to_string())),
             Err(_) => {
                 return Err(Error::unavailable(
                     NAME,
-                    format!(
-                        "connect to {node}: no answer to PING within {:?}",
-                        cfg.connect_timeout * 3
-                    ),
+                    format!("connect to {node}: no answer to PING within {within:?}"),
                 ))
             }
         }
-        Ok(Arc::new(Managed {
+        Ok(Managed::new(
+            Source::Fixed(client.clone()),
+            cfg,
+            Link::Manager(manager),
             client,
-            config,
-            response_timeout: cfg.response_timeout,
-            current: Mutex::new((0, manager)),
-            checking: AtomicBool::new(false),
-        }))
+        ))
+    }
+
+    /// Asks the sentinels of `set` for their master and connects to it,
+    /// failing with `Unavailable` when no sentinel names a master that
+    /// answers as one within the connect timeout.
+    pub(crate) async fn connect_sentinel(
+        set: &SentinelSet,
+        cfg: &RedisConfig,
+    ) -> Result<Arc<Managed>> {
+        let source = Source::Sentinel {
+            sentinels: tokio::sync::Mutex::new(sentinel_client(set, cfg)?),
+            shown: set.to_string(),
+        };
+        let (client, link) = resolve(
+            &source,
+            cfg.connect_timeout,
+            cfg.response_timeout,
+            cfg.request_timeout(),
+        )
+        .await?;
+        Ok(Managed::new(source, cfg, link, client))
     }
 
     /// Connects in the background: requests wait for the connection (and
     /// fail by their own timeouts while the instance is down).
     pub(crate) fn lazy(node: &Node, cfg: &RedisConfig) -> Result<Arc<Managed>> {
         let client = client(node, cfg)?;
-        let config = Managed::config(cfg);
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), Managed::config(cfg))
             .map_err(|e| map_err(e, "connect", &node.to_string(), false))?;
-        let m = Arc::new(Managed {
+        let m = Managed::new(
+            Source::Fixed(client.clone()),
+            cfg,
+            Link::Manager(manager),
             client,
-            config,
-            response_timeout: cfg.response_timeout,
-            current: Mutex::new((0, manager)),
-            checking: AtomicBool::new(false),
-        });
+        );
         m.warm_up();
         Ok(m)
     }
@@ -141,14 +243,19 @@ impl Managed {
 
     /// [`suspect`](Managed::suspect) the current connection.
     pub(crate) fn suspect_current(self: &Arc<Self>) {
-        let gen = lock(&self.current).0;
+        let gen = lock(&self.current).generation;
         self.suspect(gen);
     }
 
     /// The current connection and its generation.
-    pub(crate) fn get(&self) -> (u64, ConnectionManager) {
+    pub(crate) fn get(&self) -> (u64, Link) {
         let cur = lock(&self.current);
-        (cur.0, cur.1.clone())
+        (cur.generation, cur.link.clone())
+    }
+
+    /// The client of the server the current connection reaches.
+    pub(crate) fn client(&self) -> redis::Client {
+        lock(&self.current).client.clone()
     }
 
     /// Notes the outcome of a request made on generation `gen`.
@@ -161,42 +268,38 @@ impl Managed {
     }
 
     /// A request on generation `gen` failed or was given up on: check the
-    /// connection with a `PING` in the background, and replace it if that
-    /// does not answer either.
+    /// connection in the background (a `PING`; for Sentinel's master also
+    /// `ROLE`), and replace it if that fails too.
     pub(crate) fn suspect(self: &Arc<Self>, gen: u64) {
         if self.checking.swap(true, Ordering::AcqRel) {
             return;
         }
-        let me = self.clone();
+        let me = Arc::downgrade(self);
         spawn_detached(async move {
-            let (now, mut c) = me.get();
-            if now == gen && !ping(&mut c, me.response_timeout).await {
-                me.replace(gen);
+            let healthy = match me.upgrade() {
+                Some(m) => m.healthy(gen).await,
+                None => return,
+            };
+            if !healthy {
+                replace(&me, gen).await;
             }
-            me.checking.store(false, Ordering::Release);
+            if let Some(m) = me.upgrade() {
+                m.checking.store(false, Ordering::Release);
+            }
         });
     }
 
-    fn replace(self: &Arc<Self>, gen: u64) {
-        {
-            let mut cur = lock(&self.current);
-            if cur.0 != gen {
-                return;
-            }
-            match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-            {
-                Ok(m) => *cur = (gen + 1, m),
-                Err(e) => {
-                    tracing::debug!(error = %e, "could not set up a new Redis connection");
-                    return;
-                }
-            }
+    /// Whether generation `gen` is gone already or still answers (as the
+    /// master, for Sentinel).
+    async fn healthy(&self, gen: u64) -> bool {
+        let (now, mut c) = self.get();
+        if now != gen {
+            return true;
         }
-        tracing::debug!(
-            generation = gen + 1,
-            "replaced a Redis connection that stopped answering"
-        );
-        self.warm_up();
+        match self.source {
+            Source::Fixed(_) => ping(&mut c, self.response_timeout).await,
+            Source::Sentinel { .. } => is_master(&mut c, self.response_timeout).await,
+        }
     }
 
     /// Starts connecting now rather than on the next request.
@@ -209,8 +312,139 @@ impl Managed {
     }
 }
 
+/// Replaces generation `gen` (unless it is gone already): with a new
+/// connection to the same address, or to the master the sentinels name,
+/// asked again with a bounded backoff until one answers as master.
+async fn replace(me: &Weak<Managed>, gen: u64) {
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        let Some(m) = me.upgrade() else { return };
+        if lock(&m.current).generation != gen {
+            return;
+        }
+        let next = match &m.source {
+            Source::Fixed(client) => {
+                ConnectionManager::new_lazy_with_config(client.clone(), m.config.clone())
+                    .map(|c| (client.clone(), Link::Manager(c)))
+                    .map_err(|e| map_err(e, "connect", "the server", false))
+            }
+            Source::Sentinel { .. } => {
+                resolve(
+                    &m.source,
+                    m.connect_timeout,
+                    m.response_timeout,
+                    m.request_timeout,
+                )
+                .await
+            }
+        };
+        match next {
+            Ok((client, link)) => {
+                {
+                    let mut cur = lock(&m.current);
+                    if cur.generation != gen {
+                        return;
+                    }
+                    *cur = Current {
+                        generation: gen + 1,
+                        link,
+                        client,
+                    };
+                }
+                tracing::debug!(
+                    generation = gen + 1,
+                    "replaced a Redis connection that stopped answering"
+                );
+                if matches!(m.source, Source::Fixed(_)) {
+                    m.warm_up();
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "could not set up a new Redis connection; trying again");
+                if matches!(m.source, Source::Fixed(_)) {
+                    return;
+                }
+            }
+        }
+        drop(m);
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// The master the sentinels of `source` name now, connected, and checked
+/// with `ROLE` to be a master.
+async fn resolve(
+    source: &Source,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    request_timeout: Duration,
+) -> Result<(redis::Client, Link)> {
+    let Source::Sentinel { sentinels, shown } = source else {
+        return Err(Error::backend_error(NAME, "not a Sentinel connection"));
+    };
+    let within = connect_timeout * 3;
+    let silent = |what: &str| {
+        Error::unavailable(NAME, format!("{what} {shown}: no answer within {within:?}"))
+    };
+    let client = {
+        let mut s = sentinels.lock().await;
+        tokio::time::timeout(within, s.async_get_client())
+            .await
+            .map_err(|_| silent("ask the sentinels for the master of"))?
+            .map_err(|e| sentinel_err(e, shown))?
+    };
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(Some(request_timeout));
+    let conn = tokio::time::timeout(
+        within,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .map_err(|_| silent("connect to the master of"))?
+    .map_err(|e| map_connect_err(e, shown))?;
+    let mut link = Link::Master(conn);
+    if !is_master(&mut link, response_timeout).await {
+        return Err(Error::unavailable(
+            NAME,
+            format!("the server named the master of {shown} does not answer as a master"),
+        ));
+    }
+    tracing::debug!(sentinels = %shown, "connected to the master the sentinels name");
+    Ok((client, link))
+}
+
+/// Maps an error of asking the sentinels: no master of that name that is
+/// up (a wrong name, or a failover under way), or an address that is not a
+/// sentinel, said as such; the rest as any error of connecting.
+fn sentinel_err(e: RedisError, shown: &str) -> Error {
+    match e.kind() {
+        redis::ErrorKind::MasterNameNotFoundBySentinel => Error::unavailable(
+            NAME,
+            format!("no sentinel of {shown} names such a master that is up (is the name right, or is a failover under way?)"),
+        )
+        .with_source(e),
+        redis::ErrorKind::InvalidClientConfig => Error::unavailable(
+            NAME,
+            format!("{shown}: {e} (a sentinel's port is 26379 by default; this looks like a server's)"),
+        )
+        .with_source(e),
+        _ => map_connect_err(e, shown),
+    }
+}
+
+/// Whether `c` answers `ROLE` as a master within `within`.
+async fn is_master(c: &mut Link, within: Duration) -> bool {
+    let cmd = redis::cmd("ROLE");
+    matches!(
+        tokio::time::timeout(within, cmd.query_async::<redis::Role>(c)).await,
+        Ok(Ok(redis::Role::Primary { .. }))
+    )
+}
+
 /// Whether `c` answers a `PING` within `within`.
-async fn ping(c: &mut ConnectionManager, within: Duration) -> bool {
+async fn ping(c: &mut Link, within: Duration) -> bool {
     let cmd = redis::cmd("PING");
     matches!(
         tokio::time::timeout(within, cmd.query_async::<String>(c)).await,
@@ -219,7 +453,7 @@ async fn ping(c: &mut ConnectionManager, within: Duration) -> bool {
 }
 
 /// Runs `fut` in the background on the current runtime, if there is one.
-fn spawn_detached(fut: impl std::future::Future<Output = ()> + Send + 'static) {
+fn spawn_detached(fut: impl Future<Output = ()> + Send + 'static) {
     if let Ok(h) = tokio::runtime::Handle::try_current() {
         h.spawn(fut);
     }

@@ -44,8 +44,12 @@ enum Request {
     Unsubscribe(String),
 }
 
+/// The client of the server to listen on now (for Sentinel, the master of
+/// the moment: a new pub/sub connection follows a failover).
+type ClientOf = Box<dyn Fn() -> redis::Client + Send + Sync>;
+
 struct Inner {
-    client: redis::Client,
+    client: ClientOf,
     timeout: Duration,
     channels: Mutex<HashMap<String, Chan>>,
     requests: mpsc::UnboundedSender<Request>,
@@ -143,11 +147,14 @@ impl Drop for Subscription {
 }
 
 impl Wakeups {
-    pub(crate) fn new(client: redis::Client, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        client: impl Fn() -> redis::Client + Send + Sync + 'static,
+        timeout: Duration,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Wakeups {
             inner: Arc::new(Inner {
-                client,
+                client: Box::new(client),
                 timeout,
                 channels: Mutex::default(),
                 requests: tx,
@@ -258,7 +265,7 @@ async fn keep(hub: Weak<Inner>, mut requests: mpsc::UnboundedReceiver<Request>) 
 /// A new connection with every wanted channel subscribed, or `None`.
 async fn connected(inner: &Inner) -> Option<(PubSubSink, PubSubStream)> {
     let t = inner.timeout;
-    let conn = tokio::time::timeout(t * 2, inner.client.get_async_pubsub())
+    let conn = tokio::time::timeout(t * 2, (inner.client)().get_async_pubsub())
         .await
         .ok()?
         .map_err(|e| tracing::debug!(error = %e, "pub/sub connection failed; waiters poll"))

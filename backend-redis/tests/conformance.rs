@@ -1,5 +1,6 @@
 //! The conformance suite against one Redis instance, the three-master
-//! cluster and RedLock over five masters (servers from compose/).
+//! cluster, a master behind three sentinels and RedLock over five masters
+//! (servers from compose/).
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,6 +18,11 @@ fn main() -> std::process::ExitCode {
             "LOCKTEST_REDIS_CLUSTER_URL",
             true,
             "redis+cluster://127.0.0.1:1",
+        ),
+        harness::sentinel_target(
+            "redis-sentinel",
+            "LOCKTEST_REDIS_SENTINEL_URL",
+            "redis+sentinel://127.0.0.1:1/lockcore",
         ),
         harness::target(
             "redlock",

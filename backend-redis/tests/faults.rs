@@ -1,12 +1,15 @@
 //! Redis-specific fault injection (servers from compose/, one case at a
 //! time since they stop and start servers): RedLock with instances down or
-//! silent, a restart without persistence, the replica-sync guard, and the
-//! pub/sub wake-up connection going half-open.
+//! silent, a restart without persistence, and the pub/sub wake-up
+//! connection going half-open. Replicas, the replica-sync guard and
+//! Sentinel's failovers are in `failover.rs`.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
+
+use harness::{admin, numsub, raw_get, until};
 
 use std::time::{Duration, Instant};
 
@@ -23,24 +26,6 @@ fn redlock_hosts() -> Vec<String> {
     lockcore::raw::address::ServerUrl::parse(&url, 6379)
         .map(|u| u.hosts.iter().map(ToString::to_string).collect())
         .unwrap_or_default()
-}
-
-/// A connection of the test's own to the server at `url`.
-async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection")
-}
-
-async fn raw_get(host: &str, key: &str) -> Option<String> {
-    let mut c = admin(&format!("redis://{host}")).await;
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(&mut c)
-        .await
-        .expect("GET")
 }
 
 /// Sets `key` to `value` on the server at `host` for 30 s, as another
@@ -65,31 +50,6 @@ async fn del_on(host: &str, key: &str) {
         .query_async(&mut c)
         .await
         .expect("DEL");
-}
-
-/// How many clients the server counts as subscribed to `channel`.
-async fn numsub(url: &str, channel: &str) -> i64 {
-    let mut c = admin(url).await;
-    let (_, n): (String, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query_async(&mut c)
-        .await
-        .expect("PUBSUB NUMSUB");
-    n
-}
-
-/// Waits until `f` holds, or fails after `within`.
-async fn until<F, Fut>(what: &str, within: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !f().await {
-        assert!(Instant::now() < deadline, "{what} within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Tries a fresh name until the client works again after a network fault.
@@ -824,136 +784,6 @@ async fn failed_acquire_script_leaves_no_key(ctx: Ctx) {
     assert_eq!(exists, 0, "the failed acquire left {lock} behind");
 }
 
-/// The replica-sync guard: an acquire succeeds while the replica confirms,
-/// and is refused (and undone) while the replica is paused.
-async fn replica_sync_guard(ctx: Ctx) {
-    let base =
-        std::env::var("LOCKTEST_REDIS_REPLICATED_URL").expect("LOCKTEST_REDIS_REPLICATED_URL");
-    let url = format!("{base}?sync_replicas=1&sync_timeout_ms=300");
-    let l = lockcore_redis::connect(&url).await.expect("connect");
-    let name = ctx.name("sync");
-    let g = l
-        .try_lock(&name)
-        .await
-        .expect("replica confirms")
-        .expect("free");
-    g.release().await.expect("release");
-
-    let _resume = UndoOnDrop::new("resume", &["redis-replica"]);
-    compose("pause", "redis-replica").await;
-    let err = l
-        .try_lock(&name)
-        .await
-        .expect_err("the paused replica cannot confirm");
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(err.to_string().contains("replicas"), "{err}");
-    let host = base.trim_start_matches("redis://").trim_end_matches('/');
-    assert_eq!(
-        raw_get(host, &lockcore_redis::lock_key("lock:", &name)).await,
-        None,
-        "a refused acquire left the key held"
-    );
-}
-
-/// The loss a single master can suffer, shown: the replica lags (its
-/// replication stream cut),
-/// a holder takes the name on the primary, the primary dies and the replica
-/// is promoted without the key; another client takes the name there while
-/// the first still believes it holds it. The replica-sync guard refuses that
-/// first acquisition (`replica_sync_guard`); RedLock, ZooKeeper and etcd do
-/// not fail over to a copy that misses acknowledged writes.
-async fn failover_to_a_lagging_replica_loses_the_lock(ctx: Ctx) {
-    let primary = ctx.config.clone();
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query_async(&mut admin(&primary).await)
-        .await
-        .expect("INFO replication");
-    let replica = info
-        .lines()
-        .find_map(|l| {
-            let rest = l.strip_prefix("slave0:")?;
-            let field = |k: &str| {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(k))
-                    .map(str::to_owned)
-            };
-            Some(format!("redis://{}:{}", field("ip=")?, field("port=")?))
-        })
-        .expect("the primary has a replica");
-    // Undone in reverse: start the primary, then the replica again (it
-    // replicates the primary directly once more).
-    let _start_replica = UndoOnDrop::new("start", &["redis-replica"]);
-    let _kill_replica = UndoOnDrop::new("kill", &["redis-replica"]);
-    let _start_primary = UndoOnDrop::new("start", &["redis-primary"]);
-
-    // The replica replicates through a proxy, which then drops the stream:
-    // the replica lags.
-    let proxies = Proxies::new();
-    let primary_host = primary.trim_start_matches("redis://").trim_end_matches('/');
-    let routed = proxies.route(primary_host).await.expect("proxy");
-    let (host, port) = routed.rsplit_once(':').expect("host:port");
-    let mut r = admin(&replica).await;
-    let _: () = redis::cmd("REPLICAOF")
-        .arg(host)
-        .arg(port)
-        .query_async(&mut r)
-        .await
-        .expect("replicate through the proxy");
-    until(
-        "the replica syncs through the proxy",
-        Duration::from_secs(20),
-        || {
-            let mut r = r.clone();
-            async move {
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async(&mut r)
-                    .await
-                    .unwrap_or_default();
-                info.contains("master_link_status:up")
-            }
-        },
-    )
-    .await;
-    proxies.blackhole(Dir::Both);
-
-    let name = ctx.name("failover");
-    let a = lockcore_redis::connect(&primary).await.expect("connect");
-    let g = a
-        .acquire(
-            &name,
-            &LockOptions::new()
-                .ttl(Duration::from_secs(5))
-                .wait(Wait::Try),
-        )
-        .await
-        .expect("acquire")
-        .expect("free");
-    compose("kill", "redis-primary").await;
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query_async(&mut r)
-        .await
-        .expect("promote the replica");
-    let b = lockcore_redis::connect(&replica).await.expect("connect");
-    let g2 = b
-        .try_lock(&name)
-        .await
-        .expect("try on the promoted replica")
-        .expect("the promoted replica never had the key");
-    assert!(
-        g.is_held() && g2.is_held(),
-        "the loss did not show: A held {}, B held {}",
-        g.is_held(),
-        g2.is_held()
-    );
-    eprintln!("FIGURES failover_to_a_lagging_replica redis: both_believed_held=true");
-    drop(g2);
-    drop(g);
-}
-
 fn connect(url: String) -> ConnectFuture {
     Box::pin(async move { lockcore_redis::connect(&url).await })
 }
@@ -1006,17 +836,6 @@ fn main() -> std::process::ExitCode {
             failed_acquire_script_leaves_no_key,
             leader_term_outlives_the_counter,
             fence_counters_expire,
-        ),
-        own_cases!(
-            Target::new(
-                "redis-replica",
-                Some("LOCKTEST_REDIS_REPLICATED_URL"),
-                |url| async move { Ok(UrlHarness::shared(url, connect)) },
-            )
-            .hint(COMPOSE_HINT)
-            .only_own_cases(),
-            replica_sync_guard,
-            failover_to_a_lagging_replica_loses_the_lock,
         ),
     ])
 }

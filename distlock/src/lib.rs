@@ -19,7 +19,7 @@
 //! | `zk://h1:2181,h2:2181[/chroot]`, `zookeeper://...` | ZooKeeper (`lockcore-zk`) | `zk` |
 //! | `etcd://h1:2379,h2:2379`, `etcds://...`, `http://h1:2379,http://h2:2379`, `https://...` | etcd (`lockcore-etcd`) | `etcd` |
 //! | `mysql://user:pass@host/db`, `mariadb://...` | MySQL 8 / MariaDB (`lockcore-mysql`) | `mysql` |
-//! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
+//! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/MASTER`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
 //! | `migrate:OLD\|NEW[#fence_offset=N]` | both at once, while a fleet moves from OLD to NEW ([`lockcore::migrate`]) | those of OLD and NEW |
 //!
 //! ## Migration
@@ -155,6 +155,8 @@ fn backends() -> [Entry; 4] {
                 "rediss",
                 "redis+cluster",
                 "rediss+cluster",
+                "redis+sentinel",
+                "rediss+sentinel",
                 "redlock"
             ]
         ),

@@ -1878,6 +1878,48 @@ async fn another_protocol_says_so(ctx: Ctx) {
     }
 }
 
+/// Behind Sentinel, a holder whose key is gone from the master (as a
+/// failover to a replica that missed it loses it) learns it at its next
+/// renewal: the command gets SIGTERM and distlock exits with the lost code.
+#[cfg(feature = "redis")]
+async fn sentinel_lost_stops_the_command(ctx: Ctx) {
+    let url = ctx.config.clone();
+    let name = ctx.name("lost");
+    let ready = scratch(&ctx, "ready");
+    let script = format!("touch {}; exec sleep 60", ready.display());
+    let mut child = Command::new(bin())
+        .args(["--url", &url, "run", "--ttl", "2s", "--grace", "1s", &name])
+        .args(["--", "sh", "-c", &script])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    until_exists(&ready).await;
+    let u = lockcore::raw::address::ServerUrl::parse(&url, 26379).unwrap();
+    let sentinel = redis::Client::open(format!("redis://{}", u.hosts[0])).unwrap();
+    let (host, port): (String, u16) = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(&u.path)
+        .query_async(&mut sentinel.get_multiplexed_async_connection().await.unwrap())
+        .await
+        .unwrap();
+    let master = redis::Client::open(format!("redis://{host}:{port}")).unwrap();
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(lockcore_redis::lock_key("lock:", &name))
+        .query_async(&mut master.get_multiplexed_async_connection().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        deleted, 1,
+        "the lock key was not on the master {host}:{port}"
+    );
+    let st = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("distlock did not stop the command")
+        .unwrap();
+    assert_eq!(st.code(), Some(76), "{st}");
+}
+
 fn main() -> std::process::ExitCode {
     let targets = SPECS
         .iter()
@@ -1996,5 +2038,24 @@ fn main() -> std::process::ExitCode {
     .case("completions_and_man_page", |c| {
         Box::pin(completions_and_man_page(c))
     });
-    run_serial(std::iter::once(local).chain(targets).collect())
+    #[allow(unused_mut)]
+    let mut targets = std::iter::once(local).chain(targets).collect::<Vec<_>>();
+    #[cfg(feature = "redis")]
+    targets.push(
+        Target::new(
+            "cli-sentinel",
+            Some("LOCKTEST_REDIS_SENTINEL_URL"),
+            |url| async move {
+                Ok(UrlHarness::shared(url, |u| {
+                    Box::pin(async move { distlock::connect(&u).await })
+                }))
+            },
+        )
+        .hint(COMPOSE_HINT)
+        .only_own_cases()
+        .case("sentinel_lost_stops_the_command", |c| {
+            Box::pin(sentinel_lost_stops_the_command(c))
+        }),
+    );
+    run_serial(targets)
 }

@@ -150,7 +150,7 @@ impl RedLockBackend {
             let client = crate::client::client(node, &cfg)?;
             instances.push(Instance {
                 conn: Managed::lazy(node, &cfg)?,
-                wake: Wakeups::new(client, cfg.response_timeout),
+                wake: Wakeups::new(move || client.clone(), cfg.response_timeout),
             });
         }
         let (credentials, twice) = tokio::join!(

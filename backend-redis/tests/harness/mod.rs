@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lockcore::{Error, Locker};
@@ -17,6 +18,9 @@ pub(crate) struct Redis {
     url: String,
     raw: Vec<String>,
     cluster: bool,
+    /// Reached through Sentinel: the master's address comes from the
+    /// sentinels, so a proxy in front of them would not carry the traffic.
+    sentinel: bool,
     unreachable: &'static str,
 }
 
@@ -45,13 +49,14 @@ impl Harness for Redis {
         self.admin_plain()
     }
 
-    /// A cluster's redirects name the servers' own addresses: no proxy.
+    /// A cluster's redirects and Sentinel's answers name the servers' own
+    /// addresses: no proxy.
     fn can_proxy(&self) -> bool {
-        !self.cluster
+        !self.cluster && !self.sentinel
     }
 
     async fn connect_via(&self, proxies: &Proxies) -> Option<lockcore::Result<Locker>> {
-        if self.cluster {
+        if !self.can_proxy() {
             return None;
         }
         let url = match proxies.route_url(&self.url, 6379).await {
@@ -166,8 +171,94 @@ pub(crate) fn target(name: &str, var: &str, cluster: bool, unreachable: &'static
             raw: servers(&url),
             url,
             cluster,
+            sentinel: false,
             unreachable,
         }) as Arc<dyn Harness>)
     })
     .hint(COMPOSE_HINT)
+}
+
+/// The `redis://host:port` of the master that the sentinels of a
+/// `redis+sentinel://` URL name now.
+pub(crate) async fn sentinel_master(url: &str) -> lockcore::Result<String> {
+    let u = lockcore::raw::address::ServerUrl::parse(url, 26379)
+        .map_err(|e| Error::backend_error("redis", e))?;
+    let mut last = String::from("no sentinel");
+    for s in &u.hosts {
+        let asked = async {
+            let client = redis::Client::open(format!("redis://{s}"))?;
+            let mut c = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&u.path)
+                .query_async::<Option<(String, u16)>>(&mut c)
+                .await
+        };
+        match asked.await {
+            Ok(Some((host, port))) => return Ok(format!("redis://{host}:{port}")),
+            Ok(None) => last = format!("sentinel {s} knows no master {:?}", u.path),
+            Err(e) => last = format!("sentinel {s}: {e}"),
+        }
+    }
+    Err(Error::unavailable("redis", last))
+}
+
+/// A target called `name` over the `redis+sentinel://` URL in `var`; the
+/// harness's admin connection goes to the master the sentinels name when
+/// the target starts.
+pub(crate) fn sentinel_target(name: &str, var: &str, unreachable: &'static str) -> Target {
+    Target::new(name, Some(var), move |url| async move {
+        Ok(Arc::new(Redis {
+            raw: vec![sentinel_master(&url).await?],
+            url,
+            cluster: false,
+            sentinel: true,
+            unreachable,
+        }) as Arc<dyn Harness>)
+    })
+    .hint(COMPOSE_HINT)
+}
+
+/// A connection of the test's own to the server at `url`.
+pub(crate) async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection")
+}
+
+/// The value of `key` on the server at `host` (`host:port`).
+pub(crate) async fn raw_get(host: &str, key: &str) -> Option<String> {
+    let mut c = admin(&format!("redis://{host}")).await;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .expect("GET")
+}
+
+/// How many clients the server at `url` counts as subscribed to `channel`.
+pub(crate) async fn numsub(url: &str, channel: &str) -> i64 {
+    let mut c = admin(url).await;
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut c)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+/// Waits until `f` holds, or fails after `within`.
+pub(crate) async fn until<F, Fut>(what: &str, within: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !f().await {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

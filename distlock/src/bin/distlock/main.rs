@@ -38,7 +38,8 @@ use tracing_subscriber::EnvFilter;
     arg_required_else_help = true
 )]
 struct Cli {
-    /// The lock backend, e.g. redis://127.0.0.1:6379, zk://h1:2181,h2:2181/app,
+    /// The lock backend, e.g. redis://127.0.0.1:6379, redis+sentinel://s1:26379,s2:26379/MASTER,
+    /// zk://h1:2181,h2:2181/app,
     /// etcd://127.0.0.1:2379, mysql://user:pass@host/db, memory:// (this process only),
     /// migrate:OLD|NEW[#fence_offset=N] (both at once, while a fleet moves from OLD to NEW).
     #[arg(long, env = "DISTLOCK_URL", global = true, hide_env_values = true)]
