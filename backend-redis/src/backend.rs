@@ -155,32 +155,38 @@ impl Backend for RedisBackend {
             let ((won, value), acked) = match r {
                 Ok(v) => v,
                 Err(e) => {
-                    let read_only =
-                        e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
                     let err = map_err(e, "acquire (SET NX PX)", &self.server, true);
                     // A script that failed midway (a foreign value where the
                     // counter lives, say) keeps the writes made before the
-                    // failure: undo unless the request never left.
-                    if err.kind() == ErrorKind::Unavailable || read_only {
+                    // failure: undo unless the request never left (or was
+                    // refused by a server that is not the master).
+                    if err.kind() == ErrorKind::Unavailable {
                         cleanup.disarm();
                     } else {
                         cleanup.run_now().await;
                     }
-                    let failing_over = read_only
-                        || matches!(
-                            err.kind(),
-                            ErrorKind::Unavailable | ErrorKind::Indeterminate
-                        );
-                    if failing_over && self.rides_out(&mut outage, req.deadline).await {
+                    let no_master = matches!(
+                        err.kind(),
+                        ErrorKind::Unavailable | ErrorKind::Indeterminate
+                    );
+                    let sentinel = matches!(self.cfg.topology, Topology::Sentinel(_));
+                    if no_master && sentinel && self.rides_out(&mut outage, req.deadline).await {
                         continue;
                     }
                     return Err(err);
                 }
             };
-            outage = None;
+            if won != 1 {
+                outage = None;
+            }
             if won == 1 {
-                if let Some(e) = self.unconfirmed("lock", acked, "the lock was released") {
+                if let Some(e) = self.unconfirmed("lock", acked, "the acquire was undone") {
                     cleanup.run_now().await;
+                    // A replica may catch up (after a failover, one that
+                    // resyncs): a waiting acquire tries again.
+                    if self.rides_out(&mut outage, req.deadline).await {
+                        continue;
+                    }
                     return Err(e);
                 }
                 let Ok(fence) = u64::try_from(value) else {
@@ -267,13 +273,13 @@ impl Backend for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Whether an acquire whose request found no master should try again:
-    /// on Sentinel, while it may wait and for at most `failover_wait` of
-    /// outage, after a bounded backoff (the connection meanwhile asks the
-    /// sentinels for the new master).
+    /// Whether an acquire that found no master (on Sentinel) or whose grant
+    /// no replica confirmed should try again: while it may wait, and for
+    /// at most `failover_wait` of such outage, after a bounded backoff
+    /// (meanwhile the connection asks the sentinels for the new master, or
+    /// the replicas catch up).
     async fn rides_out(&self, outage: &mut Option<(Instant, Backoff)>, deadline: Deadline) -> bool {
-        if !matches!(self.cfg.topology, Topology::Sentinel(_)) || matches!(deadline, Deadline::Now)
-        {
+        if matches!(deadline, Deadline::Now) {
             return false;
         }
         let (since, backoff) = outage.get_or_insert_with(|| {
@@ -289,7 +295,7 @@ impl RedisBackend {
         if until >= *since + self.cfg.failover_wait || deadline.passed(until) {
             return false;
         }
-        tracing::debug!(server = %self.server, "no master answers; the acquire waits for a failover");
+        tracing::debug!(server = %self.server, "no master answers, or no replica confirms; the acquire waits");
         tokio::time::sleep_until(until.into()).await;
         true
     }

@@ -3,7 +3,7 @@
 use lockcore::{Error, Result};
 use redis::cluster_async::ClusterConnection;
 
-use crate::config::{Node, RedisConfig, SentinelSet, NAME};
+use crate::config::{Node, RedisConfig, NAME};
 use crate::error::map_connect_err;
 
 /// The root certificate of `cfg.ca_file`, read for TLS.
@@ -59,7 +59,7 @@ pub(crate) async fn connect_cluster(
         .join(",");
     let builder = redis::cluster::ClusterClient::builder(seeds)
         .connection_timeout(cfg.connect_timeout)
-        .response_timeout(cfg.response_timeout)
+        .response_timeout(cfg.request_timeout())
         .retries(2);
     #[cfg(feature = "tls")]
     let builder = match tls_certs(cfg)? {
@@ -83,64 +83,4 @@ pub(crate) async fn connect_cluster(
             format!("connect to cluster {shown}: no answer"),
         )),
     }
-}
-
-/// A client of the sentinels of `set`, asking them for its master (with the
-/// master's credentials, database and TLS).
-pub(crate) fn sentinel_client(
-    set: &SentinelSet,
-    cfg: &RedisConfig,
-) -> Result<redis::sentinel::SentinelClient> {
-    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-    use redis::ConnectionAddr;
-    #[cfg(not(feature = "tls"))]
-    if cfg.tls {
-        return Err(Error::invalid_config(
-            NAME,
-            "TLS (rediss+sentinel://) needs the `tls` feature of lockcore-redis (in distlock: the `full` feature)",
-        ));
-    }
-    let addrs = set.sentinels.iter().map(|s| {
-        if cfg.tls {
-            ConnectionAddr::TcpTls {
-                host: s.host.clone(),
-                port: s.port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(s.host.clone(), s.port)
-        }
-    });
-    let invalid = |e: redis::RedisError| {
-        Error::invalid_config(NAME, format!("Redis Sentinel {set}: {e}")).with_source(e)
-    };
-    let mut b =
-        SentinelClientBuilder::new(addrs, set.master_name.clone(), SentinelServerType::Master)
-            .map_err(invalid)?
-            .set_client_to_redis_db(set.master.db);
-    if let Some(u) = &set.master.user {
-        b = b.set_client_to_redis_username(u);
-    }
-    if let Some(p) = &set.master.password {
-        b = b.set_client_to_redis_password(p.expose());
-    }
-    if let Some(u) = &set.sentinel_user {
-        b = b.set_client_to_sentinel_username(u);
-    }
-    if let Some(p) = &set.sentinel_password {
-        b = b.set_client_to_sentinel_password(p.expose());
-    }
-    #[cfg(feature = "tls")]
-    if cfg.tls {
-        b = b
-            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
-            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
-        if let Some(certs) = tls_certs(cfg)? {
-            b = b
-                .set_client_to_redis_certificates(certs.clone())
-                .set_client_to_sentinel_certificates(certs);
-        }
-    }
-    b.build().map_err(invalid)
 }

@@ -15,9 +15,10 @@
 //!
 //! Sentinel: the user and password of the URL are the master's (and its
 //! replicas'); `sentinel_user` and `sentinel_password` are the sentinels'
-//! own, when they ask for any; `db=N` selects the database;
-//! `failover_wait_ms` (default 30000) is how long an acquire that waits
-//! rides out a failover (no master answering) before it fails.
+//! own, when they ask for any; `db=N` selects the database.
+//! `failover_wait_ms` (default 30000; Sentinel, or with `sync_replicas`):
+//! how long an acquire that waits rides out a failover (no master
+//! answering) or replicas that do not confirm, before it fails.
 //!
 //! TLS (with the crate's `tls` feature): `rediss://`, `rediss+cluster://`
 //! and `rediss+sentinel://` (sentinels and servers alike), or `?tls=true`
@@ -177,8 +178,9 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Replica-sync guard (not on RedLock).
     pub sync_replicas: Option<SyncReplicas>,
-    /// Sentinel: how long an acquire that waits rides out a failover (no
-    /// master answering) before it fails (default 30 s).
+    /// How long an acquire that waits rides out a failover (no master
+    /// answering, on Sentinel) or replicas that do not confirm (with the
+    /// replica-sync guard) before it fails (default 30 s).
     pub failover_wait: Duration,
     /// TLS to every server (needs the `tls` feature).
     pub tls: bool,

@@ -10,7 +10,7 @@ use crate::config::{SyncReplicas, NAME};
 pub(crate) fn map_err(e: RedisError, what: &str, server: &str, mutating: bool) -> Error {
     let kind = if refused_credentials(&e) {
         ErrorKind::Unauthorized
-    } else if e.is_connection_refusal() {
+    } else if e.is_connection_refusal() || failing_over(&e) {
         ErrorKind::Unavailable
     } else if e.is_timeout() || e.is_connection_dropped() || e.is_io_error() {
         if mutating {
@@ -80,4 +80,16 @@ pub(crate) fn unconfirmed(
             ),
         )
     })
+}
+
+/// Whether `e` says the server is not (or not yet) a master that takes
+/// writes: a failover under way or just done (`READONLY`, `LOADING`,
+/// `MASTERDOWN`, `UNBLOCKED`, or `WAIT` refused on a replica).
+pub(crate) fn failing_over(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || matches!(
+            e.code(),
+            Some("READONLY" | "LOADING" | "MASTERDOWN" | "UNBLOCKED")
+        )
+        || e.to_string().contains("cannot be used with replica")
 }

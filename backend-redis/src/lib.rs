@@ -45,9 +45,10 @@
 //! (`WAIT`, in the same pipeline), as Redisson's `checkLockSyncedSlaves`
 //! does for the acquire: a failover then cannot promote a replica that
 //! misses a lease its holder still trusts.
-//! Sentinel (`redis+sentinel://`): the master is asked of the sentinels
-//! (the `redis` crate's Sentinel client), checked with `ROLE`, and asked
-//! again after a connection error or a `READONLY` reply.
+//! Sentinel (`redis+sentinel://`): the master is the one a majority of the
+//! sentinels names, checked with `ROLE`; it is asked again after a
+//! connection error or a `READONLY` reply, and every second in the
+//! background.
 //! RedLock: no fencing (see [`RedLockBackend`]). Waiters are woken by pub/sub
 //! (not fair: whoever retries first wins), with a bounded poll as fallback.
 //!
@@ -69,6 +70,7 @@ mod lease;
 mod managed;
 mod redlock;
 mod scripts;
+mod sentinel;
 mod wake;
 
 pub use backend::RedisBackend;

@@ -13,12 +13,12 @@ use lockcore::{Error, Result};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::sentinel::SentinelClient;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use crate::client::{client, sentinel_client};
+use crate::client::client;
 use crate::config::{Node, RedisConfig, SentinelSet, NAME};
-use crate::error::{map_connect_err, map_err};
+use crate::error::{failing_over, map_connect_err, map_err};
+use crate::sentinel::{Sentinels, RECHECK_EVERY};
 
 /// Whether `e` says the connection it came from may be dead (a timeout, an
 /// I/O error, a dropped connection), or reached a server that is no longer
@@ -28,21 +28,21 @@ fn connection_suspect(e: &RedisError) -> bool {
         || e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        || failing_over(e)
 }
 
 /// Where connections go.
+// One per connection, made once and never moved: the size is of no matter.
+#[allow(clippy::large_enum_variant)]
 enum Source {
     /// One address, through the client library's connection manager, which
     /// reconnects to it by itself.
     Fixed(redis::Client),
-    /// The master the sentinels name. A replaced connection asks them
-    /// again; nothing reconnects to an old address behind this back (a
-    /// restarted old master may briefly call itself master).
-    Sentinel {
-        sentinels: tokio::sync::Mutex<SentinelClient>,
-        shown: String,
-    },
+    /// The master a majority of the sentinels names. A replaced
+    /// connection asks them again; nothing reconnects to an old address
+    /// behind this back (a restarted old master may briefly call itself
+    /// master).
+    Sentinel(Sentinels),
 }
 
 /// A connection of either source; cheap to clone.
@@ -82,12 +82,13 @@ impl ConnectionLike for Link {
     }
 }
 
-/// The connection in use: its generation, the connection, and the client
-/// of the server it reaches (for the pub/sub connection).
+/// The connection in use: its generation, the connection, the client of
+/// the server it reaches (for the pub/sub connection) and its address.
 struct Current {
     generation: u64,
     link: Link,
     client: redis::Client,
+    addr: String,
 }
 
 /// A connection to one server that replaces itself once it stops
@@ -130,7 +131,13 @@ impl Managed {
             .set_max_delay(Duration::from_millis(500))
     }
 
-    fn new(source: Source, cfg: &RedisConfig, link: Link, client: redis::Client) -> Arc<Managed> {
+    fn new(
+        source: Source,
+        cfg: &RedisConfig,
+        link: Link,
+        client: redis::Client,
+        addr: String,
+    ) -> Arc<Managed> {
         Arc::new(Managed {
             source,
             config: Managed::config(cfg),
@@ -141,6 +148,7 @@ impl Managed {
                 generation: 0,
                 link,
                 client,
+                addr,
             }),
             checking: AtomicBool::new(false),
         })
@@ -181,6 +189,7 @@ impl Managed {
             cfg,
             Link::Manager(manager),
             client,
+            node.to_string(),
         ))
     }
 
@@ -191,18 +200,17 @@ impl Managed {
         set: &SentinelSet,
         cfg: &RedisConfig,
     ) -> Result<Arc<Managed>> {
-        let source = Source::Sentinel {
-            sentinels: tokio::sync::Mutex::new(sentinel_client(set, cfg)?),
-            shown: set.to_string(),
-        };
-        let (client, link) = resolve(
+        let source = Source::Sentinel(Sentinels::new(set, cfg)?);
+        let (client, link, addr) = resolve(
             &source,
             cfg.connect_timeout,
             cfg.response_timeout,
             cfg.request_timeout(),
         )
         .await?;
-        Ok(Managed::new(source, cfg, link, client))
+        let m = Managed::new(source, cfg, link, client, addr);
+        spawn_detached(recheck(Arc::downgrade(&m)));
+        Ok(m)
     }
 
     /// Connects in the background: requests wait for the connection (and
@@ -216,6 +224,7 @@ impl Managed {
             cfg,
             Link::Manager(manager),
             client,
+            node.to_string(),
         );
         m.warm_up();
         Ok(m)
@@ -275,7 +284,9 @@ impl Managed {
             return;
         }
         let me = Arc::downgrade(self);
+        let done = Checking(me.clone());
         spawn_detached(async move {
+            let _done = done;
             let healthy = match me.upgrade() {
                 Some(m) => m.healthy(gen).await,
                 None => return,
@@ -283,22 +294,21 @@ impl Managed {
             if !healthy {
                 replace(&me, gen).await;
             }
-            if let Some(m) = me.upgrade() {
-                m.checking.store(false, Ordering::Release);
-            }
         });
     }
 
     /// Whether generation `gen` is gone already or still answers (as the
-    /// master, for Sentinel).
+    /// master, for Sentinel), on the connection itself: a half-open one is
+    /// found out so. It may be queued behind the replica-sync guard's
+    /// `WAIT`s, so it has the request timeout (with the `WAIT`'s).
     async fn healthy(&self, gen: u64) -> bool {
         let (now, mut c) = self.get();
         if now != gen {
             return true;
         }
         match self.source {
-            Source::Fixed(_) => ping(&mut c, self.response_timeout).await,
-            Source::Sentinel { .. } => is_master(&mut c, self.response_timeout).await,
+            Source::Fixed(_) => ping(&mut c, self.request_timeout).await,
+            Source::Sentinel(_) => is_master(&mut c, self.request_timeout).await,
         }
     }
 
@@ -325,10 +335,16 @@ async fn replace(me: &Weak<Managed>, gen: u64) {
         let next = match &m.source {
             Source::Fixed(client) => {
                 ConnectionManager::new_lazy_with_config(client.clone(), m.config.clone())
-                    .map(|c| (client.clone(), Link::Manager(c)))
-                    .map_err(|e| map_err(e, "connect", "the server", false))
+                    .map(|c| {
+                        (
+                            client.clone(),
+                            Link::Manager(c),
+                            lock(&m.current).addr.clone(),
+                        )
+                    })
+                    .map_err(|e| map_err(e, "connect", &lock(&m.current).addr, false))
             }
-            Source::Sentinel { .. } => {
+            Source::Sentinel(_) => {
                 resolve(
                     &m.source,
                     m.connect_timeout,
@@ -339,7 +355,7 @@ async fn replace(me: &Weak<Managed>, gen: u64) {
             }
         };
         match next {
-            Ok((client, link)) => {
+            Ok((client, link, addr)) => {
                 {
                     let mut cur = lock(&m.current);
                     if cur.generation != gen {
@@ -349,6 +365,7 @@ async fn replace(me: &Weak<Managed>, gen: u64) {
                         generation: gen + 1,
                         link,
                         client,
+                        addr,
                     };
                 }
                 tracing::debug!(
@@ -372,65 +389,89 @@ async fn replace(me: &Weak<Managed>, gen: u64) {
     }
 }
 
-/// The master the sentinels of `source` name now, connected, and checked
-/// with `ROLE` to be a master.
+/// The master a majority of the sentinels of `source` names now,
+/// connected, and checked with `ROLE` to be a master; with its address.
 async fn resolve(
     source: &Source,
     connect_timeout: Duration,
     response_timeout: Duration,
     request_timeout: Duration,
-) -> Result<(redis::Client, Link)> {
-    let Source::Sentinel { sentinels, shown } = source else {
+) -> Result<(redis::Client, Link, String)> {
+    let Source::Sentinel(sentinels) = source else {
         return Err(Error::backend_error(NAME, "not a Sentinel connection"));
     };
-    let within = connect_timeout * 3;
-    let silent = |what: &str| {
-        Error::unavailable(NAME, format!("{what} {shown}: no answer within {within:?}"))
-    };
-    let client = {
-        let mut s = sentinels.lock().await;
-        tokio::time::timeout(within, s.async_get_client())
-            .await
-            .map_err(|_| silent("ask the sentinels for the master of"))?
-            .map_err(|e| sentinel_err(e, shown))?
-    };
+    let node = sentinels.master().await?;
+    let addr = node.to_string();
+    let client = sentinels.client_of(&node)?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(connect_timeout))
         .set_response_timeout(Some(request_timeout));
+    let within = connect_timeout * 3;
     let conn = tokio::time::timeout(
         within,
         client.get_multiplexed_async_connection_with_config(&config),
     )
     .await
-    .map_err(|_| silent("connect to the master of"))?
-    .map_err(|e| map_connect_err(e, shown))?;
+    .map_err(|_| {
+        Error::unavailable(
+            NAME,
+            format!(
+                "connect to {addr}, the master the sentinels name: no answer within {within:?}"
+            ),
+        )
+    })?
+    .map_err(|e| map_connect_err(e, &addr))?;
     let mut link = Link::Master(conn);
     if !is_master(&mut link, response_timeout).await {
         return Err(Error::unavailable(
             NAME,
-            format!("the server named the master of {shown} does not answer as a master"),
+            format!("{addr}, the master the sentinels name, does not answer as a master"),
         ));
     }
-    tracing::debug!(sentinels = %shown, "connected to the master the sentinels name");
-    Ok((client, link))
+    tracing::debug!(master = %addr, "connected to the master the sentinels name");
+    Ok((client, link, addr))
 }
 
-/// Maps an error of asking the sentinels: no master of that name that is
-/// up (a wrong name, or a failover under way), or an address that is not a
-/// sentinel, said as such; the rest as any error of connecting.
-fn sentinel_err(e: RedisError, shown: &str) -> Error {
-    match e.kind() {
-        redis::ErrorKind::MasterNameNotFoundBySentinel => Error::unavailable(
-            NAME,
-            format!("no sentinel of {shown} names such a master that is up (is the name right, or is a failover under way?)"),
-        )
-        .with_source(e),
-        redis::ErrorKind::InvalidClientConfig => Error::unavailable(
-            NAME,
-            format!("{shown}: {e} (a sentinel's port is 26379 by default; this looks like a server's)"),
-        )
-        .with_source(e),
-        _ => map_connect_err(e, shown),
+/// Every [`RECHECK_EVERY`], while the connection lives: when a majority of
+/// the sentinels names another master than the server the connection
+/// reaches (a failover this client did not see fail: the old master cut
+/// off from the sentinels but not from this client, or demoted without
+/// closing connections), the connection is replaced.
+async fn recheck(me: Weak<Managed>) {
+    let mut every = tokio::time::interval(RECHECK_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let Some(m) = me.upgrade() else { return };
+        let Source::Sentinel(sentinels) = &m.source else {
+            return;
+        };
+        let Ok(named) = sentinels.master().await else {
+            continue;
+        };
+        let (gen, addr) = {
+            let cur = lock(&m.current);
+            (cur.generation, cur.addr.clone())
+        };
+        if named.to_string() != addr && !m.checking.swap(true, Ordering::AcqRel) {
+            drop(m);
+            tracing::debug!(from = %addr, to = %named, "the sentinels name another master; moving");
+            let _done = Checking(me.clone());
+            replace(&me, gen).await;
+        }
+    }
+}
+
+/// Clears a [`Managed`]'s `checking` flag when dropped, however the check
+/// ends (done, or its task dropped).
+struct Checking(Weak<Managed>);
+
+impl Drop for Checking {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.upgrade() {
+            m.checking.store(false, Ordering::Release);
+        }
     }
 }
 

@@ -11,7 +11,9 @@
 //! second while any channel is wanted (a silent, half-open connection is
 //! found out within a ping and its timeout), and after any failure connects
 //! again and subscribes every channel still wanted, then wakes every waiter
-//! to retry (a release may have gone unheard meanwhile). While the
+//! to retry (a release may have gone unheard meanwhile); it also connects
+//! again when the server to listen on moves (Sentinel named another
+//! master). While the
 //! connection is down, waiters fall back to a bounded poll. Every request
 //! on the connection has the response timeout; nothing waits on it
 //! unbounded.
@@ -238,8 +240,9 @@ async fn keep(hub: Weak<Inner>, mut requests: mpsc::UnboundedReceiver<Request>) 
                     }
                 }
                 let timeout = inner.timeout;
+                let at = target(&inner);
                 drop(inner);
-                serve(&hub, sink, stream, &mut requests, timeout).await;
+                serve(&hub, sink, stream, &mut requests, timeout, &at).await;
                 if let Some(inner) = hub.upgrade() {
                     inner.disconnected();
                 }
@@ -260,6 +263,11 @@ async fn keep(hub: Weak<Inner>, mut requests: mpsc::UnboundedReceiver<Request>) 
             }
         }
     }
+}
+
+/// The address of the server to listen on now.
+fn target(inner: &Inner) -> String {
+    (inner.client)().get_connection_info().addr().to_string()
 }
 
 /// A new connection with every wanted channel subscribed, or `None`.
@@ -287,6 +295,7 @@ async fn serve(
     mut stream: PubSubStream,
     requests: &mut mpsc::UnboundedReceiver<Request>,
     t: Duration,
+    at: &str,
 ) {
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -322,6 +331,12 @@ async fn serve(
                 }
             },
             _ = ping.tick() => {
+                // The commands' connection moved (Sentinel named another
+                // master): listen there.
+                if hub.upgrade().is_some_and(|h| target(&h) != at) {
+                    tracing::debug!("the master moved; the pub/sub connection follows");
+                    return;
+                }
                 let wanted = hub.upgrade().is_some_and(|h| !lock(&h.channels).is_empty());
                 if wanted && !matches!(tokio::time::timeout(t, sink.ping::<redis::Value>()).await, Ok(Ok(_))) {
                     tracing::debug!("the pub/sub connection stopped answering; connecting again");

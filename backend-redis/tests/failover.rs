@@ -98,13 +98,20 @@ async fn unconfirmed_renewals_fire_lost(ctx: Ctx) {
     let cut = Instant::now();
     let lost = tokio::time::timeout(ttl + Duration::from_secs(3), g.lost()).await;
     let after = cut.elapsed();
+    // The master still has the key (renewed there, unconfirmed): the lease
+    // ended because no replica confirmed, not because the key went.
+    let on_master = raw_get(host_of(&ctx.config), &key(&name)).await;
     compose("resume", "redis-replica").await;
     assert!(
         lost.is_ok(),
         "the holder kept its lease {after:?} after its replica stopped confirming renewals"
     );
-    // The master still has the key (renewed there, unconfirmed): the lease
-    // ended because it was not confirmed, not because the key went.
+    assert!(on_master.is_some(), "the key left the master");
+    assert!(
+        g.lost_reason().is_some_and(|r| r.contains("validity")),
+        "lost for another reason: {:?}",
+        g.lost_reason()
+    );
     eprintln!(
         "FIGURES unconfirmed_renewals_fire_lost redis: lost_after_cut_ms={}",
         after.as_millis()
@@ -112,9 +119,62 @@ async fn unconfirmed_renewals_fire_lost(ctx: Ctx) {
     drop(g);
 }
 
-/// The guard on a cluster waits on the master of the lock's slot. The
-/// compose cluster has no replicas, so `WAIT 1` is never confirmed: every
-/// acquire is refused and undone; `sync_replicas=0` passes.
+/// With the guard, an acquire that waits and whose grant no replica
+/// confirms is undone and tried again: once the replica confirms (resumed
+/// a second later) it is granted, rather than failing at the first refusal.
+async fn a_waiting_acquire_outlasts_an_unconfirmed_grant(ctx: Ctx) {
+    let url = with(&ctx.config, "sync_replicas=1&sync_timeout_ms=200");
+    let l = lockcore_redis::connect(&url).await.expect("connect");
+    let name = ctx.name("waits");
+    let _resume = UndoOnDrop::new("resume", &["redis-replica"]);
+    compose("pause", "redis-replica").await;
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            l.acquire(
+                &name,
+                &LockOptions::new().wait(Wait::For(Duration::from_secs(20))),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    compose("resume", "redis-replica").await;
+    let g = waiting
+        .await
+        .expect("task")
+        .expect("granted once the replica confirms")
+        .expect("granted");
+    assert!(raw_get(host_of(&ctx.config), &key(&name)).await.is_some());
+    g.release().await.expect("release");
+}
+
+/// With the guard, a release that no replica confirms is an error (the
+/// name may stay taken on a promoted replica until its ttl), and the key is
+/// gone from the master all the same.
+async fn unconfirmed_release_is_an_error(ctx: Ctx) {
+    let url = with(&ctx.config, "sync_replicas=1&sync_timeout_ms=200");
+    let l = lockcore_redis::connect(&url).await.expect("connect");
+    let name = ctx.name("release");
+    let g = l.try_lock(&name).await.expect("acquire").expect("free");
+    let _resume = UndoOnDrop::new("resume", &["redis-replica"]);
+    compose("pause", "redis-replica").await;
+    let err = g
+        .release()
+        .await
+        .expect_err("no replica confirms the release");
+    compose("resume", "redis-replica").await;
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("release"), "{err}");
+    assert_eq!(raw_get(host_of(&ctx.config), &key(&name)).await, None);
+}
+
+/// The guard is taken and enforced on a cluster (`WAIT` in the pipeline of
+/// the lock's script, so on the master of its slot). The compose cluster
+/// has no replicas, so `WAIT 1` is never confirmed: every acquire is
+/// refused and undone; `sync_replicas=0` passes. (That `WAIT` counts the
+/// slot's shard rather than another needs a shard with replicas beside
+/// one without; the compose cluster has none.)
 async fn cluster_guard_waits_on_the_shard(ctx: Ctx) {
     let strict = lockcore_redis::connect(&with(&ctx.config, "sync_replicas=1&sync_timeout_ms=50"))
         .await
@@ -125,6 +185,18 @@ async fn cluster_guard_waits_on_the_shard(ctx: Ctx) {
         .await
         .expect_err("a shard without replicas cannot confirm");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
+    // A WAIT longer than the response timeout is still waited for.
+    let long = lockcore_redis::connect(&with(
+        &ctx.config,
+        "sync_replicas=1&sync_timeout_ms=800&response_timeout_ms=200",
+    ))
+    .await
+    .expect("connect");
+    let err = long
+        .try_lock(&name)
+        .await
+        .expect_err("a shard without replicas cannot confirm");
     assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
     let none = lockcore_redis::connect(&with(&ctx.config, "sync_replicas=0"))
         .await
@@ -412,7 +484,7 @@ async fn sentinel_failover_keeps_the_holder(ctx: Ctx) {
     let master = healthy(&sentinels).await;
     let url = with(&sentinels, "sync_replicas=1&sync_timeout_ms=500");
     let name = ctx.name("failover");
-    let ttl = Duration::from_secs(8);
+    let ttl = Duration::from_secs(15);
     let history = Arc::new(History::new());
     let a = lockcore_redis::connect(&url).await.expect("connect");
     let g = a
@@ -445,14 +517,19 @@ async fn sentinel_failover_keeps_the_holder(ctx: Ctx) {
         }));
     }
     // The waiters wait on the old master before it dies.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let channel = format!("{}:released", key(&name));
+    until(
+        "the waiters subscribed on the master",
+        Duration::from_secs(10),
+        || async { numsub(&master, &channel).await == 3 },
+    )
+    .await;
     let (new_master, detected, _restart) = kill_master(&sentinels, &master).await;
     // Past the first ttl after the kill: the key is on the new master only
     // if the holder renewed it there.
     let kill = Instant::now() - detected;
     tokio::time::sleep_until((kill + ttl + Duration::from_secs(1)).into()).await;
     // Every waiter listens on the new master (checked on the server).
-    let channel = format!("{}:released", key(&name));
     until(
         "the waiters re-subscribed on the new master",
         Duration::from_secs(10),
@@ -503,7 +580,9 @@ async fn sentinel_failover_without_guard_loses_the_lock(ctx: Ctx) {
     let name = ctx.name("lagging");
     let _heal = cut_replication(&master).await;
     let a = lockcore_redis::connect(&sentinels).await.expect("connect");
-    let ttl = Duration::from_secs(6);
+    // Renewed every 10 s: the second client's grant comes well before the
+    // first holder's next renewal.
+    let ttl = Duration::from_secs(30);
     let g = a
         .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
         .await
@@ -531,6 +610,11 @@ async fn sentinel_failover_without_guard_loses_the_lock(ctx: Ctx) {
     tokio::time::timeout(ttl, g.lost())
         .await
         .expect("the first holder's lost fires at its next renewal");
+    assert!(
+        g.lost_reason().is_some_and(|r| r.contains("refused")),
+        "lost for another reason: {:?}",
+        g.lost_reason()
+    );
     let lost = kill.elapsed();
     eprintln!(
         "FIGURES sentinel_failover_without_guard redis-sentinel: failover_detected_ms={} second_holder_ms={} first_lost_ms={} both_believed_held=true",
@@ -544,6 +628,67 @@ async fn sentinel_failover_without_guard_loses_the_lock(ctx: Ctx) {
     healthy(&sentinels).await;
 }
 
+/// A master counts only when a majority of the sentinels names it: the
+/// first sentinel of the URL, alone, is pointed at another server (a stale
+/// sentinel), and the client still goes to the master the other two name.
+async fn sentinel_majority_names_the_master(ctx: Ctx) {
+    let sentinels = ctx.config.clone();
+    let master = healthy(&sentinels).await;
+    let u = lockcore::raw::address::ServerUrl::parse(&sentinels, 26379).expect("url");
+    let first = format!("redis://{}", u.hosts[0]);
+    let stray = std::env::var("LOCKTEST_REDIS_URL").expect("LOCKTEST_REDIS_URL");
+    let (stray_host, stray_port) = host_of(&stray).rsplit_once(':').expect("host:port");
+    let (master_host, master_port) = host_of(&master).rsplit_once(':').expect("host:port");
+    let point = |host: String, port: String| {
+        let first = first.clone();
+        let name = u.path.clone();
+        async move {
+            let mut c = admin(&first).await;
+            let _: redis::RedisResult<()> = redis::cmd("SENTINEL")
+                .arg("REMOVE")
+                .arg(&name)
+                .query_async(&mut c)
+                .await;
+            let () = redis::cmd("SENTINEL")
+                .arg("MONITOR")
+                .arg(&name)
+                .arg(host)
+                .arg(port)
+                .arg(2)
+                .query_async(&mut c)
+                .await
+                .expect("SENTINEL MONITOR");
+            let () = redis::cmd("SENTINEL")
+                .arg("SET")
+                .arg(&name)
+                .arg("down-after-milliseconds")
+                .arg(2000)
+                .arg("failover-timeout")
+                .arg(4000)
+                .arg("parallel-syncs")
+                .arg(2)
+                .query_async(&mut c)
+                .await
+                .expect("SENTINEL SET");
+        }
+    };
+    point(stray_host.to_owned(), stray_port.to_owned()).await;
+    let l = lockcore_redis::connect(&sentinels).await;
+    point(master_host.to_owned(), master_port.to_owned()).await;
+    let l = l.expect("connect through the majority");
+    let name = ctx.name("majority");
+    let g = l.try_lock(&name).await.expect("try").expect("free");
+    let on_master = raw_get(host_of(&master), &key(&name)).await;
+    let on_stray = raw_get(host_of(&stray), &key(&name)).await;
+    g.release().await.expect("release");
+    assert!(
+        on_stray.is_none(),
+        "the lock went to the stale sentinel's server"
+    );
+    assert!(on_master.is_some(), "the lock is not on the master");
+    healthy(&sentinels).await;
+}
+
 /// Wrong input is said as such: a master name no sentinel knows, and a
 /// server's address given as a sentinel's.
 async fn sentinel_wrong_input_is_said(ctx: Ctx) {
@@ -554,7 +699,7 @@ async fn sentinel_wrong_input_is_said(ctx: Ctx) {
         .await
         .expect_err("no such master");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(err.to_string().contains("names such a master"), "{err}");
+    assert!(err.to_string().contains("no majority"), "{err}");
     let master = healthy(&ctx.config).await;
     let not_a_sentinel = format!("redis+sentinel://{}/{}", host_of(&master), u.path);
     let err = lockcore_redis::connect(&not_a_sentinel)
@@ -605,10 +750,17 @@ async fn sentinel_unconfirmed_renewal_fires_lost(ctx: Ctx) {
     let cut = Instant::now();
     let lost = tokio::time::timeout(ttl + Duration::from_secs(3), g.lost()).await;
     let after = cut.elapsed();
+    let on_master = raw_get(host_of(&master), &key(&name)).await;
     drop(heal);
     assert!(
         lost.is_ok(),
         "the holder kept its lease {after:?} after replication was cut"
+    );
+    assert!(on_master.is_some(), "the key left the master");
+    assert!(
+        g.lost_reason().is_some_and(|r| r.contains("validity")),
+        "lost for another reason: {:?}",
+        g.lost_reason()
     );
     eprintln!(
         "FIGURES sentinel_unconfirmed_renewal redis-sentinel: lost_after_cut_ms={}",
@@ -630,6 +782,8 @@ fn main() -> std::process::ExitCode {
             .only_own_cases(),
             replica_sync_guard,
             unconfirmed_renewals_fire_lost,
+            unconfirmed_release_is_an_error,
+            a_waiting_acquire_outlasts_an_unconfirmed_grant,
             failover_to_a_lagging_replica_loses_the_lock,
         ),
         own_cases!(
@@ -651,6 +805,7 @@ fn main() -> std::process::ExitCode {
             .hint(COMPOSE_HINT)
             .only_own_cases(),
             sentinel_wrong_input_is_said,
+            sentinel_majority_names_the_master,
             sentinel_guard_refuses_an_unreplicated_grant,
             sentinel_unconfirmed_renewal_fires_lost,
             sentinel_failover_keeps_the_holder,
