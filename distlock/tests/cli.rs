@@ -1878,6 +1878,61 @@ async fn another_protocol_says_so(ctx: Ctx) {
     }
 }
 
+/// `run --all a,b`: the command runs only with every name held (checked
+/// on the server while it runs), not at all when one is held elsewhere
+/// (exit 75, nothing taken); `--lock-delay` is passed on where the backend
+/// enforces one and refused (64, nothing run) where it cannot.
+async fn run_all_and_lock_delay(ctx: Ctx) {
+    let (a, b) = (ctx.name("all/a"), ctx.name("all/b"));
+    let list = format!("{b},{a}");
+    let holder = ctx.locker().await;
+    let g = holder.lock(&b).await.unwrap();
+    let ran = scratch(&ctx, "ran-all");
+    let touch = format!("touch {}", ran.display());
+    let st = distlock(&ctx)
+        .args(["run", "--no-wait", "--all", &list, "--", "sh", "-c", &touch])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(st.code(), Some(75));
+    assert!(!ran.exists(), "the command ran without every name");
+    // a was not left taken by the refused run.
+    holder
+        .try_lock(&a)
+        .await
+        .unwrap()
+        .expect("a was left taken")
+        .release()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let ready = scratch(&ctx, "ready-all");
+    let script = format!("touch {}; sleep 2", ready.display());
+    let mut child = distlock(&ctx)
+        .args(["run", "--all", &list, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    until_exists(&ready).await;
+    for n in [&a, &b] {
+        assert!(
+            holder.try_lock(n).await.unwrap().is_none(),
+            "{n} is not held while the command runs"
+        );
+    }
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    let delay = distlock(&ctx)
+        .args(["run", "--lock-delay", "2s", &a, "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    if ctx.caps.lock_delay == distlock::LockDelay::Server {
+        assert_eq!(delay.status.code(), Some(0), "{delay:?}");
+    } else {
+        assert_eq!(delay.status.code(), Some(64), "{delay:?}");
+        assert!(String::from_utf8_lossy(&delay.stderr).contains("lock-delay"));
+    }
+}
+
 /// Behind Sentinel, a holder whose key is gone from the master (as a
 /// failover to a replica that missed it loses it) learns it at its next
 /// renewal: the command gets SIGTERM and distlock exits with the lost code.
@@ -1935,6 +1990,9 @@ fn main() -> std::process::ExitCode {
             .case("run_never_overlaps", |c| Box::pin(run_never_overlaps(c)))
             .case("exit_codes_and_environment", |c| {
                 Box::pin(exit_codes_and_environment(c))
+            })
+            .case("run_all_and_lock_delay", |c| {
+                Box::pin(run_all_and_lock_delay(c))
             })
             .case("permits_bound_the_copies", |c| {
                 Box::pin(permits_bound_the_copies(c))

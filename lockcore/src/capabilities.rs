@@ -59,6 +59,24 @@ pub enum Layout {
     Unsupported,
 }
 
+/// Who enforces a lock-delay ([`LockOptions::lock_delay`](crate::LockOptions::lock_delay)):
+/// after a holder disappears without releasing, nobody may take the name
+/// for the delay, so that a holder cut off but still running has time to
+/// notice that its lease is lost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockDelay {
+    /// The server: the lease lives `ttl + delay` on the server while the
+    /// holder counts `ttl` of validity, and a clean release deletes it at
+    /// once. Every client of the server waits the delay out, ours or not.
+    Server,
+    /// Not enforced: a lock-delay is refused with
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) (the
+    /// lease is a session or a connection, which the server ends at once).
+    #[default]
+    Unsupported,
+}
+
 /// What a backend can promise.
 ///
 /// Build with [`Capabilities::new`] and the setters:
@@ -94,6 +112,8 @@ pub struct Capabilities {
     pub rw_layout: Layout,
     /// How a [`Semaphore`](crate::primitives::semaphore::Semaphore) is laid out on this backend.
     pub semaphore_layout: Layout,
+    /// Who enforces a lock-delay: the server for ttl leases.
+    pub lock_delay: LockDelay,
 }
 
 impl Capabilities {
@@ -110,6 +130,10 @@ impl Capabilities {
             values: false,
             rw_layout: Layout::Built,
             semaphore_layout: Layout::Built,
+            lock_delay: match lease {
+                LeaseKind::Ttl => LockDelay::Server,
+                LeaseKind::Session | LeaseKind::Connection => LockDelay::Unsupported,
+            },
         }
     }
 
@@ -159,6 +183,14 @@ impl Capabilities {
     #[must_use]
     pub const fn semaphore_layout(mut self, v: Layout) -> Self {
         self.semaphore_layout = v;
+        self
+    }
+
+    /// Who enforces a lock-delay (by default the server for a ttl lease,
+    /// nobody for a session or a connection).
+    #[must_use]
+    pub const fn lock_delay(mut self, v: LockDelay) -> Self {
+        self.lock_delay = v;
         self
     }
 

@@ -270,6 +270,17 @@ impl Locker {
             )
             .with_name(name));
         }
+        let delay = opts.get_lock_delay();
+        if !delay.is_zero() && caps.lock_delay != crate::capabilities::LockDelay::Server {
+            return Err(Error::invalid_config(
+                backend,
+                format!(
+                    "this backend cannot enforce a lock-delay ({:?} leases end on the server at once)",
+                    caps.lease
+                ),
+            )
+            .with_name(name));
+        }
         let wait = opts.get_wait();
         let deadline = match wait {
             Wait::Try => Deadline::Now,
@@ -288,7 +299,8 @@ impl Locker {
         let req = AcquireRequest {
             name,
             owner,
-            ttl: opts.get_ttl(),
+            // The server keeps the lease for the delay beyond its validity.
+            ttl: opts.get_ttl() + delay,
             deadline,
             lost: &lost,
             value,
@@ -326,8 +338,7 @@ impl Locker {
             backend,
             grant,
             lost,
-            opts.get_ttl(),
-            opts.get_renew(),
+            opts,
             self.watchdog.clone(),
         );
         Ok(Some(LockGuard::new(held)))

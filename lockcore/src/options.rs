@@ -40,6 +40,7 @@ pub struct LockOptions {
     ttl: Duration,
     wait: Wait,
     renew: bool,
+    lock_delay: Duration,
 }
 
 impl Default for LockOptions {
@@ -55,6 +56,7 @@ impl LockOptions {
             ttl: DEFAULT_TTL,
             wait: Wait::Forever,
             renew: true,
+            lock_delay: Duration::ZERO,
         }
     }
 
@@ -76,6 +78,34 @@ impl LockOptions {
     pub const fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self
+    }
+
+    /// A lock-delay, as Chubby's and Consul's (off by default): when the
+    /// holder disappears without releasing (its process died, its network
+    /// went, its lease expired), nobody may take the name for `delay` after
+    /// its lease's validity ends, so that a holder cut off but still running
+    /// has time to notice the loss and stop. A clean release frees the name
+    /// at once. Enforced by the server: the lease lives `ttl + delay` there
+    /// while the holder counts `ttl` of validity (see
+    /// [`Capabilities::lock_delay`](crate::Capabilities::lock_delay); a
+    /// backend that cannot enforce it refuses the option). `ttl + delay`
+    /// must be within the ttl range.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lockcore::LockOptions;
+    ///
+    /// let opts = LockOptions::new().lock_delay(Duration::from_secs(10));
+    /// assert_eq!(opts.get_lock_delay(), Duration::from_secs(10));
+    /// ```
+    pub const fn lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = delay;
+        self
+    }
+
+    /// The lock-delay (zero: none).
+    pub const fn get_lock_delay(&self) -> Duration {
+        self.lock_delay
     }
 
     /// The ttl.
@@ -106,6 +136,16 @@ impl LockOptions {
                 format!(
                     "ttl {:?} is out of range: it must be from {:?} to {:?}",
                     self.ttl, MIN_TTL, MAX_TTL
+                ),
+            ));
+        }
+        if self.ttl.saturating_add(self.lock_delay) > MAX_TTL {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                backend,
+                format!(
+                    "ttl {:?} plus lock-delay {:?} is beyond the longest ttl {:?}",
+                    self.ttl, self.lock_delay, MAX_TTL
                 ),
             ));
         }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::options::LockOptions;
 use crate::raw::retry::Backoff;
 use crate::raw::sync::lock;
 use crate::raw::watchdog::{CheckFuture, Timer, Watchdog, Watched};
@@ -39,6 +40,9 @@ pub(crate) struct Held {
     renewing: tokio::sync::Mutex<()>,
     failures: AtomicU32,
     ttl: Mutex<Duration>,
+    /// The lock-delay: the server keeps the lease this long beyond the
+    /// validity the holder counts (renewed with `ttl + delay`).
+    delay: Duration,
     valid_until: Mutex<Instant>,
     released: AtomicBool,
     /// The holder abandoned the lease: no hold releases it on the server.
@@ -60,16 +64,17 @@ impl fmt::Debug for Held {
 }
 
 impl Held {
-    /// A new lease from `grant`, watched by `watchdog` from now on.
+    /// A new lease from `grant` with the ttl, lock-delay and renewal of
+    /// `opts`, watched by `watchdog` from now on.
     pub(crate) fn start(
         name: String,
         backend: &'static str,
         grant: Grant,
         lost: CancellationToken,
-        ttl: Duration,
-        renew: bool,
+        opts: &LockOptions,
         watchdog: Arc<Watchdog>,
     ) -> Arc<Held> {
+        let (ttl, delay, renew) = (opts.get_ttl(), opts.get_lock_delay(), opts.get_renew());
         let held = Arc::new(Held {
             name,
             backend,
@@ -83,7 +88,13 @@ impl Held {
             renewing: tokio::sync::Mutex::new(()),
             failures: AtomicU32::new(0),
             ttl: Mutex::new(ttl),
-            valid_until: Mutex::new(grant.valid_until),
+            delay,
+            valid_until: Mutex::new(
+                grant
+                    .valid_until
+                    .checked_sub(delay)
+                    .unwrap_or(grant.valid_until),
+            ),
             released: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             lost_reason: OnceLock::new(),
@@ -225,7 +236,9 @@ impl Held {
         if let Some(t) = ttl {
             // A ttl the lease cannot take is refused before anything
             // changes, on the client as on the server.
-            self.lease.check_ttl(t).map_err(|e| e.or_name(&self.name))?;
+            self.lease
+                .check_ttl(t + self.delay)
+                .map_err(|e| e.or_name(&self.name))?;
             // Under the turn, so that no renewal sent earlier can restore
             // the longer validity afterwards.
             self.may_shorten_to(t);
@@ -233,7 +246,8 @@ impl Held {
         let use_ttl = ttl.unwrap_or_else(|| self.ttl());
         let deadline = self.valid_until();
         let sent = crate::raw::now();
-        let outcome = tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl)).await;
+        let outcome =
+            tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl + self.delay)).await;
         if !matches!(outcome, Ok(Ok(_))) {
             // The request may have applied: a shorter ttl may then have
             // shortened the lease on the server. Count it valid no longer
@@ -244,7 +258,8 @@ impl Held {
         match outcome {
             Ok(Ok(Renewal::Renewed { valid_until })) => {
                 if !self.lost.is_cancelled() {
-                    *lock(&self.valid_until) = valid_until;
+                    *lock(&self.valid_until) =
+                        valid_until.checked_sub(self.delay).unwrap_or(valid_until);
                     if let Some(t) = ttl {
                         *lock(&self.ttl) = t;
                     }

@@ -1,8 +1,9 @@
 //! The cases of the contract, one public async function each, grouped by the
 //! contract's sections: [`acquire`], [`hold`], [`lost`], [`owners`],
 //! [`release`], [`fencing`],
-//! [`names`], [`cancel`], [`unavailable`] and [`history`]; and the
-//! primitives built on the lock: [`semaphore`], [`rwlock`] and [`election`].
+//! [`names`], [`cancel`], [`unavailable`] and [`history`]; the lock-delay
+//! and multi-name locks ([`delay`]); and the primitives built on the lock:
+//! [`semaphore`], [`rwlock`] and [`election`].
 //!
 //! Time bounds are for a loaded 2-core machine: they tell a wake-up from a
 //! poll or a lost wake-up, not fast from slow (speed is for benchmarks).
@@ -27,6 +28,7 @@ use crate::Ctx;
 
 pub mod acquire;
 pub mod cancel;
+pub mod delay;
 pub mod election;
 pub mod fencing;
 pub mod history;
@@ -72,6 +74,11 @@ fn unless_revoke(c: &Ctx) -> Option<&'static str> {
 
 fn unless_proxy(c: &Ctx) -> Option<&'static str> {
     (!c.harness.can_proxy()).then_some("the harness cannot route a client through a proxy")
+}
+
+fn unless_lock_delay(c: &Ctx) -> Option<&'static str> {
+    (c.caps.lock_delay != lockcore::LockDelay::Server)
+        .then_some("the backend does not enforce a lock-delay")
 }
 
 fn unless_values(c: &Ctx) -> Option<&'static str> {
@@ -144,6 +151,18 @@ pub fn cases() -> Vec<Case> {
             .then_some("an in-process backend has no server to be absent")),
         case!(unavailable::server_stops_answering, unless_proxy),
         case!(history::history_of_a_contended_run_is_safe),
+        case!(delay::lock_delay_after_an_unclean_end, unless_lock_delay),
+        case!(
+            delay::lock_delay_clean_release_frees_at_once,
+            unless_lock_delay
+        ),
+        case!(delay::lock_delay_refused_where_not_enforced, |c| {
+            (c.caps.lock_delay == lockcore::LockDelay::Server)
+                .then_some("the backend enforces a lock-delay")
+        }),
+        case!(delay::lock_all_in_opposite_orders_never_deadlocks),
+        case!(delay::lock_all_is_all_or_none),
+        case!(delay::lock_all_lost_when_any_lease_is, unless_revoke),
         case!(semaphore::semaphore_never_more_than_n, unless_semaphore),
         case!(semaphore::semaphore_full_on_the_server, unless_semaphore),
         case!(

@@ -29,6 +29,14 @@ pub(crate) use crate::taking::{Args, ElectArgs};
 /// when stderr is a terminal).
 pub(crate) async fn run(locker: Locker, args: Args, tell: bool) -> u8 {
     let take = match (args.permits, args.shared, args.exclusive) {
+        _ if args.all => Take::All(
+            args.common
+                .name
+                .get()
+                .split(',')
+                .map(|n| n.trim().to_owned())
+                .collect(),
+        ),
         (Some(n), _, _) => Take::Permits(n),
         (None, true, _) => Take::Shared,
         (None, false, true) => Take::Exclusive,
@@ -64,7 +72,10 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
         (false, Some(d)) => Wait::For(d),
         (false, None) => Wait::Forever,
     };
-    let opts = LockOptions::new().ttl(args.ttl).wait(wait);
+    let opts = LockOptions::new()
+        .ttl(args.ttl)
+        .wait(wait)
+        .lock_delay(args.lock_delay.unwrap_or_default());
     let taking = async {
         match take {
             Take::Permits(n) => {
@@ -92,6 +103,7 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
                     .await?
                     .map(|l| Lease::One(Leadership::into_guard(l))))
             }
+            Take::All(names) => Ok(locker.acquire_all(names, &opts).await?.map(Lease::Multi)),
             Take::Lock => Ok::<_, distlock::Error>(
                 locker
                     .acquire(args.name.get(), &opts)
@@ -102,7 +114,7 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
     };
     // Once the name is found held, say by whom (and since when).
     let notice = async {
-        if !tell || wait == Wait::Try {
+        if !tell || wait == Wait::Try || matches!(take, Take::All(_)) {
             return std::future::pending().await;
         }
         tokio::time::sleep(NOTICE_AFTER).await;
@@ -145,6 +157,9 @@ async fn run_inner(locker: Locker, args: &Common, take: &Take, tell: bool) -> u8
                     "distlock: another candidate leads {:?}; not running the command",
                     args.name.get()
                 ),
+                Take::All(names) => crate::out::warn_line!(
+                    "distlock: one of {names:?} is held by another owner; not running the command"
+                ),
             }
             return args.conflict_exit_code;
         }
@@ -182,6 +197,7 @@ async fn notice_holder(locker: &Locker, name: &str, take: &Take) {
     };
     let who = match take {
         Take::Lock | Take::Elect(_) => h.lock.as_ref().map(crate::show::line),
+        Take::All(_) => None,
         Take::Permits(n) => h.permits.first().map(|p| {
             format!(
                 "{} of {n} permits held, the first by {}",

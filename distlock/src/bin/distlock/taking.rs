@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use distlock::{LockGuard, WriteGuard};
+use distlock::{LockGuard, MultiGuard, WriteGuard};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -35,6 +35,12 @@ pub(crate) struct Common {
     /// the deadline passes the command is killed at once).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub(crate) grace: Duration,
+    /// A lock-delay (as Chubby's and Consul's): if this process dies or is
+    /// cut off without releasing, nobody may take the name for this long
+    /// after its lease ends, kept by the server (a clean end frees it at
+    /// once). Refused by backends whose lease is a session or connection.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) lock_delay: Option<Duration>,
     /// Exit code when the lock could not be had.
     #[arg(long, default_value_t = exit::NOT_ACQUIRED)]
     pub(crate) conflict_exit_code: u8,
@@ -68,6 +74,13 @@ pub(crate) struct Args {
     /// (the lock NAME) and does not exclude readers of the read-write lock.
     #[arg(short = 'x', long)]
     pub(crate) exclusive: bool,
+    /// NAME is a comma-separated list of lock names, taken all or none
+    /// (as Redisson's MultiLock): in sorted order, so that two runs over
+    /// overlapping lists never deadlock; the command runs once all are
+    /// held and is stopped when any is lost. No DISTLOCK_FENCE is exported
+    /// (one token per name).
+    #[arg(long, conflicts_with_all = ["permits", "shared", "exclusive"])]
+    pub(crate) all: bool,
     #[command(flatten)]
     pub(crate) common: Common,
 }
@@ -96,6 +109,8 @@ pub(crate) enum Take {
     Exclusive,
     /// The leadership of the election NAME, campaigning with this value.
     Elect(String),
+    /// Every lock of a list, all or none.
+    All(Vec<String>),
 }
 
 impl Take {
@@ -114,6 +129,8 @@ pub(crate) enum Lease {
     One(LockGuard),
     /// The writer of a read-write lock.
     Write(WriteGuard),
+    /// Several locks, held all or none.
+    Multi(MultiGuard),
 }
 
 impl Lease {
@@ -121,6 +138,7 @@ impl Lease {
         match self {
             Lease::One(g) => g.fence(),
             Lease::Write(w) => w.fence(),
+            Lease::Multi(_) => None,
         }
     }
 
@@ -128,6 +146,7 @@ impl Lease {
         match self {
             Lease::One(g) => g.is_held(),
             Lease::Write(w) => w.is_held(),
+            Lease::Multi(m) => m.is_held(),
         }
     }
 
@@ -135,6 +154,7 @@ impl Lease {
         match self {
             Lease::One(g) => g.valid_until(),
             Lease::Write(w) => w.valid_until(),
+            Lease::Multi(m) => m.guards().iter().filter_map(LockGuard::valid_until).min(),
         }
     }
 
@@ -142,6 +162,7 @@ impl Lease {
         match self {
             Lease::One(g) => g.lost_reason(),
             Lease::Write(w) => w.lost_reason(),
+            Lease::Multi(m) => m.guards().iter().find_map(LockGuard::lost_reason),
         }
     }
 
@@ -149,6 +170,7 @@ impl Lease {
         match self {
             Lease::One(g) => Box::pin(g.lost()),
             Lease::Write(w) => Box::pin(w.lost()),
+            Lease::Multi(m) => Box::pin(m.lost()),
         }
     }
 
@@ -156,6 +178,7 @@ impl Lease {
         match self {
             Lease::One(g) => g.release().await,
             Lease::Write(w) => w.release().await,
+            Lease::Multi(m) => m.release().await,
         }
     }
 }

@@ -1,0 +1,195 @@
+//! Several names taken as one, all or none (Redisson's `MultiLock`).
+
+use std::future::Future;
+
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::locker::Locker;
+use crate::name::validate_name;
+use crate::options::LockOptions;
+
+/// Several held names: every lease of a
+/// [`Locker::acquire_all`](crate::Locker::acquire_all), in the order they
+/// were taken (sorted). Dropping it releases them all in the background,
+/// as dropping each [`LockGuard`] does.
+#[derive(Debug)]
+#[must_use = "the names are released when the guard is dropped"]
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+}
+
+impl MultiGuard {
+    /// The held names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.guards.iter().map(LockGuard::name)
+    }
+
+    /// Each name's guard, sorted by name.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// The fencing token of `name` (`None` for a name not held here, or a
+    /// backend without fencing).
+    pub fn fence(&self, name: &str) -> Option<u64> {
+        self.guards
+            .iter()
+            .find(|g| g.name() == name)
+            .and_then(LockGuard::fence)
+    }
+
+    /// Whether every lease is still held (by this client's count).
+    pub fn is_held(&self) -> bool {
+        self.guards.iter().all(LockGuard::is_held)
+    }
+
+    /// Resolves once any of the leases is lost: stop what needs them all.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let each: Vec<_> = self.guards.iter().map(|g| Box::pin(g.lost())).collect();
+        async move {
+            if !each.is_empty() {
+                futures_util::future::select_all(each).await;
+            }
+        }
+    }
+
+    /// Releases every name (all at once).
+    ///
+    /// # Errors
+    ///
+    /// The first error of the releases (each is tried).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release leaves the names not yet released to be released
+    /// in the background, as a dropped guard is.
+    pub async fn release(self) -> Result<()> {
+        let done =
+            futures_util::future::join_all(self.guards.into_iter().map(LockGuard::release)).await;
+        done.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+    }
+
+    /// The guards, one per name, to hold and release apart.
+    pub fn into_guards(self) -> Vec<LockGuard> {
+        self.guards
+    }
+}
+
+impl Locker {
+    /// Takes every name of `names` as one: all or none (Redisson's
+    /// `MultiLock`). The names are taken one after another in one global
+    /// order (sorted, duplicates dropped), so two callers over overlapping
+    /// sets can never deadlock; while a later name is awaited, the earlier
+    /// ones are held. `opts` applies to each name, and its wait to the
+    /// whole: [`Wait::Try`](crate::Wait::Try) gives `Ok(None)` when any
+    /// name is held, [`Wait::For`](crate::Wait::For) bounds the time for
+    /// all. Whatever was taken is released when one fails or times out.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockcore::Result<()> {
+    /// use lockcore::{LockOptions, Locker, Wait};
+    ///
+    /// let locker = Locker::memory();
+    /// let both = locker
+    ///     .acquire_all(&["accounts/7", "accounts/3"], &LockOptions::new())
+    ///     .await?
+    ///     .expect("waited");
+    /// assert_eq!(both.names().collect::<Vec<_>>(), ["accounts/3", "accounts/7"]);
+    /// let other = locker
+    ///     .acquire_all(&["accounts/3", "accounts/9"], &LockOptions::new().wait(Wait::Try))
+    ///     .await?;
+    /// assert!(other.is_none(), "accounts/3 is held");
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidName`](crate::ErrorKind::InvalidName) for any
+    /// name and [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig)
+    /// for no names, before any server is asked; otherwise as
+    /// [`acquire`](Locker::acquire), for the name that failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future releases the names taken so far
+    /// (in the background) and the acquisition in flight cleans up as
+    /// [`acquire`](Locker::acquire)'s does.
+    pub async fn acquire_all<S: AsRef<str>>(
+        &self,
+        names: &[S],
+        opts: &LockOptions,
+    ) -> Result<Option<MultiGuard>> {
+        let backend = self.backend().name();
+        let mut sorted: Vec<&str> = names.iter().map(AsRef::as_ref).collect();
+        for n in &sorted {
+            validate_name(backend, n)?;
+        }
+        opts.validate(backend)?;
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.is_empty() {
+            return Err(Error::invalid_config(backend, "no names to take"));
+        }
+        let began = crate::raw::now();
+        let mut guards = Vec::with_capacity(sorted.len());
+        for name in sorted {
+            match self.acquire(name, &opts.left_since(began)).await {
+                Ok(Some(g)) => guards.push(g),
+                Ok(None) => {
+                    release_all(guards).await;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    release_all(guards).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Some(MultiGuard { guards }))
+    }
+
+    /// [`acquire_all`](Locker::acquire_all) with the default options:
+    /// waits until every name is taken.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_all`](Locker::acquire_all).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_all`](Locker::acquire_all).
+    pub async fn lock_all<S: AsRef<str>>(&self, names: &[S]) -> Result<MultiGuard> {
+        self.acquire_all(names, &LockOptions::new())
+            .await?
+            .ok_or_else(|| {
+                Error::backend_error(self.backend().name(), "waited forever and gave up")
+            })
+    }
+
+    /// [`acquire_all`](Locker::acquire_all) without waiting: `Ok(None)`
+    /// when any name is held.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_all`](Locker::acquire_all).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_all`](Locker::acquire_all).
+    pub async fn try_lock_all<S: AsRef<str>>(&self, names: &[S]) -> Result<Option<MultiGuard>> {
+        self.acquire_all(names, &LockOptions::new().wait(crate::Wait::Try))
+            .await
+    }
+}
+
+/// Releases what a failed multi-acquire took, all at once; a failure there
+/// leaves the lease to end by its ttl, session or connection (logged).
+async fn release_all(guards: Vec<LockGuard>) {
+    for r in futures_util::future::join_all(guards.into_iter().map(LockGuard::release)).await {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "release after a failed multi-acquire");
+        }
+    }
+}
