@@ -6,7 +6,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisResult, Script};
 
 use crate::config::SyncReplicas;
-use crate::managed::{Link, Managed};
+use crate::link::Link;
+use crate::managed::Managed;
 
 /// A connection to one instance or to a cluster; cheap to clone.
 #[derive(Clone)]

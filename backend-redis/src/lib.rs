@@ -67,6 +67,7 @@ pub mod config;
 mod conn;
 mod error;
 mod lease;
+mod link;
 mod managed;
 mod redlock;
 mod scripts;

@@ -10,14 +10,13 @@ use std::time::Duration;
 use lockcore::raw::retry::Backoff;
 use lockcore::raw::sync::lock;
 use lockcore::{Error, Result};
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, RedisResult};
 
 use crate::client::client;
 use crate::config::{Node, RedisConfig, SentinelSet, NAME};
 use crate::error::{failing_over, map_connect_err, map_err};
+use crate::link::{is_master, ping, Link};
 use crate::sentinel::{Sentinels, RECHECK_EVERY};
 
 /// Whether `e` says the connection it came from may be dead (a timeout, an
@@ -45,43 +44,6 @@ enum Source {
     Sentinel(Sentinels),
 }
 
-/// A connection of either source; cheap to clone.
-#[derive(Clone)]
-pub(crate) enum Link {
-    /// To a fixed address.
-    Manager(ConnectionManager),
-    /// To the master the sentinels named.
-    Master(MultiplexedConnection),
-}
-
-impl ConnectionLike for Link {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Link::Manager(c) => c.req_packed_command(cmd),
-            Link::Master(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Link::Manager(c) => c.req_packed_commands(pipeline, offset, count),
-            Link::Master(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Link::Manager(c) => c.get_db(),
-            Link::Master(c) => c.get_db(),
-        }
-    }
-}
-
 /// The connection in use: its generation, the connection, the client of
 /// the server it reaches (for the pub/sub connection) and its address.
 struct Current {
@@ -106,7 +68,6 @@ pub(crate) struct Managed {
     source: Source,
     config: ConnectionManagerConfig,
     response_timeout: Duration,
-    connect_timeout: Duration,
     /// The response timeout of a request (with the replica-sync guard's
     /// `WAIT` in it).
     request_timeout: Duration,
@@ -142,7 +103,6 @@ impl Managed {
             source,
             config: Managed::config(cfg),
             response_timeout: cfg.response_timeout,
-            connect_timeout: cfg.connect_timeout,
             request_timeout: cfg.request_timeout(),
             current: Mutex::new(Current {
                 generation: 0,
@@ -200,15 +160,9 @@ impl Managed {
         set: &SentinelSet,
         cfg: &RedisConfig,
     ) -> Result<Arc<Managed>> {
-        let source = Source::Sentinel(Sentinels::new(set, cfg)?);
-        let (client, link, addr) = resolve(
-            &source,
-            cfg.connect_timeout,
-            cfg.response_timeout,
-            cfg.request_timeout(),
-        )
-        .await?;
-        let m = Managed::new(source, cfg, link, client, addr);
+        let sentinels = Sentinels::new(set, cfg)?;
+        let (client, link, addr) = sentinels.connect_master().await?;
+        let m = Managed::new(Source::Sentinel(sentinels), cfg, link, client, addr);
         spawn_detached(recheck(Arc::downgrade(&m)));
         Ok(m)
     }
@@ -344,15 +298,7 @@ async fn replace(me: &Weak<Managed>, gen: u64) {
                     })
                     .map_err(|e| map_err(e, "connect", &lock(&m.current).addr, false))
             }
-            Source::Sentinel(_) => {
-                resolve(
-                    &m.source,
-                    m.connect_timeout,
-                    m.response_timeout,
-                    m.request_timeout,
-                )
-                .await
-            }
+            Source::Sentinel(sentinels) => sentinels.connect_master().await,
         };
         match next {
             Ok((client, link, addr)) => {
@@ -387,49 +333,6 @@ async fn replace(me: &Weak<Managed>, gen: u64) {
         drop(m);
         tokio::time::sleep(backoff.next_delay()).await;
     }
-}
-
-/// The master a majority of the sentinels of `source` names now,
-/// connected, and checked with `ROLE` to be a master; with its address.
-async fn resolve(
-    source: &Source,
-    connect_timeout: Duration,
-    response_timeout: Duration,
-    request_timeout: Duration,
-) -> Result<(redis::Client, Link, String)> {
-    let Source::Sentinel(sentinels) = source else {
-        return Err(Error::backend_error(NAME, "not a Sentinel connection"));
-    };
-    let node = sentinels.master().await?;
-    let addr = node.to_string();
-    let client = sentinels.client_of(&node)?;
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(connect_timeout))
-        .set_response_timeout(Some(request_timeout));
-    let within = connect_timeout * 3;
-    let conn = tokio::time::timeout(
-        within,
-        client.get_multiplexed_async_connection_with_config(&config),
-    )
-    .await
-    .map_err(|_| {
-        Error::unavailable(
-            NAME,
-            format!(
-                "connect to {addr}, the master the sentinels name: no answer within {within:?}"
-            ),
-        )
-    })?
-    .map_err(|e| map_connect_err(e, &addr))?;
-    let mut link = Link::Master(conn);
-    if !is_master(&mut link, response_timeout).await {
-        return Err(Error::unavailable(
-            NAME,
-            format!("{addr}, the master the sentinels name, does not answer as a master"),
-        ));
-    }
-    tracing::debug!(master = %addr, "connected to the master the sentinels name");
-    Ok((client, link, addr))
 }
 
 /// Every [`RECHECK_EVERY`], while the connection lives: when a majority of
@@ -473,24 +376,6 @@ impl Drop for Checking {
             m.checking.store(false, Ordering::Release);
         }
     }
-}
-
-/// Whether `c` answers `ROLE` as a master within `within`.
-async fn is_master(c: &mut Link, within: Duration) -> bool {
-    let cmd = redis::cmd("ROLE");
-    matches!(
-        tokio::time::timeout(within, cmd.query_async::<redis::Role>(c)).await,
-        Ok(Ok(redis::Role::Primary { .. }))
-    )
-}
-
-/// Whether `c` answers a `PING` within `within`.
-async fn ping(c: &mut Link, within: Duration) -> bool {
-    let cmd = redis::cmd("PING");
-    matches!(
-        tokio::time::timeout(within, cmd.query_async::<String>(c)).await,
-        Ok(Ok(_))
-    )
 }
 
 /// Runs `fut` in the background on the current runtime, if there is one.

@@ -18,6 +18,7 @@ use redis::aio::MultiplexedConnection;
 use crate::client::client;
 use crate::config::{Node, RedisConfig, SentinelSet, NAME};
 use crate::error::{map_connect_err, map_err};
+use crate::link::{is_master, Link};
 
 /// One sentinel: its client and a connection kept between questions.
 struct Sentinel {
@@ -122,8 +123,48 @@ impl Sentinels {
     }
 
     /// A client for `node` (the master), with the settings' TLS.
-    pub(crate) fn client_of(&self, node: &Node) -> Result<redis::Client> {
+    fn client_of(&self, node: &Node) -> Result<redis::Client> {
         client(node, &self.cfg)
+    }
+
+    /// The master a majority of the sentinels names now, connected, and
+    /// checked with `ROLE` to be a master; with its client and address.
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when no majority names a master that is up, or the
+    /// one named does not answer, or not as a master.
+    pub(crate) async fn connect_master(&self) -> Result<(redis::Client, Link, String)> {
+        let node = self.master().await?;
+        let addr = node.to_string();
+        let client = self.client_of(&node)?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.cfg.connect_timeout))
+            .set_response_timeout(Some(self.cfg.request_timeout()));
+        let within = self.cfg.connect_timeout * 3;
+        let conn = tokio::time::timeout(
+            within,
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| {
+            Error::unavailable(
+                NAME,
+                format!(
+                    "connect to {addr}, the master the sentinels name: no answer within {within:?}"
+                ),
+            )
+        })?
+        .map_err(|e| map_connect_err(e, &addr))?;
+        let mut link = Link::Master(conn);
+        if !is_master(&mut link, self.cfg.response_timeout).await {
+            return Err(Error::unavailable(
+                NAME,
+                format!("{addr}, the master the sentinels name, does not answer as a master"),
+            ));
+        }
+        tracing::debug!(master = %addr, "connected to the master the sentinels name");
+        Ok((client, link, addr))
     }
 
     /// What one sentinel says of the master: its address when it deems it
