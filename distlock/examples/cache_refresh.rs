@@ -32,15 +32,18 @@ impl Cache {
             .cloned()
     }
 
-    /// Stores `value` unless a write with a larger token came first.
+    /// Stores `value` unless a write with a larger token came first (the
+    /// check and the write under one lock, as a store does them in one
+    /// transaction).
     fn put(&self, key: &str, value: String, fence: Option<u64>) -> Result<(), String> {
+        let mut values = self
+            .values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(token) = fence {
             self.gate.check(key, token).map_err(|e| e.to_string())?;
         }
-        self.values
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.to_owned(), value);
+        values.insert(key.to_owned(), value);
         Ok(())
     }
 }

@@ -1907,7 +1907,12 @@ async fn run_all_and_lock_delay(ctx: Ctx) {
         .unwrap();
     g.release().await.unwrap();
     let ready = scratch(&ctx, "ready-all");
-    let script = format!("touch {}; sleep 2", ready.display());
+    let done = scratch(&ctx, "done-all");
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+        ready.display(),
+        done.display()
+    );
     let mut child = distlock(&ctx)
         .args(["run", "--all", &list, "--", "sh", "-c", &script])
         .spawn()
@@ -1919,6 +1924,7 @@ async fn run_all_and_lock_delay(ctx: Ctx) {
             "{n} is not held while the command runs"
         );
     }
+    std::fs::write(&done, b"").unwrap();
     assert_eq!(child.wait().await.unwrap().code(), Some(0));
     let delay = distlock(&ctx)
         .args(["run", "--lock-delay", "2s", &a, "--", "true"])

@@ -189,6 +189,12 @@ impl LockGuard {
         self.held.holds.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Renews now with the current ttl (the acquisition's top-up of a
+    /// grant with a lock-delay).
+    pub(crate) async fn extend_now(&self) -> Result<()> {
+        self.held.renew_now(None).await
+    }
+
     /// Renews the lease now so that it lives `ttl` from now; the watchdog
     /// uses `ttl` from then on.
     ///

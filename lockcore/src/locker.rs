@@ -333,15 +333,22 @@ impl Locker {
                 .with_name(name)),
             };
         };
-        let held = Held::start(
+        let top_up = Held::needs_top_up(&grant, opts.get_ttl(), delay);
+        let guard = LockGuard::new(Held::start(
             name.to_owned(),
             backend,
             grant,
             lost,
             opts,
             self.watchdog.clone(),
-        );
-        Ok(Some(LockGuard::new(held)))
+        ));
+        if top_up {
+            // Renewed now, so that the guard counts a full ttl and nothing
+            // of the delay; on failure (or if this future is dropped) the
+            // guard is dropped, which releases the lease.
+            guard.extend_now().await?;
+        }
+        Ok(Some(guard))
     }
 
     /// What the backend can tell about `name`: holder and waiters, or

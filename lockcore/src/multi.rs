@@ -43,6 +43,17 @@ impl MultiGuard {
         self.guards.iter().all(LockGuard::is_held)
     }
 
+    /// Until when every lease is valid: the earliest of their validity
+    /// deadlines; `None` once any one is lost.
+    pub fn valid_until(&self) -> Option<std::time::Instant> {
+        self.guards
+            .iter()
+            .map(LockGuard::valid_until)
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .min()
+    }
+
     /// Resolves once any of the leases is lost: stop what needs them all.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let each: Vec<_> = self.guards.iter().map(|g| Box::pin(g.lost())).collect();
@@ -108,7 +119,9 @@ impl Locker {
     ///
     /// [`ErrorKind::InvalidName`](crate::ErrorKind::InvalidName) for any
     /// name and [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig)
-    /// for no names, before any server is asked; otherwise as
+    /// for no names, before any server is asked; [`ErrorKind::Lost`](crate::ErrorKind::Lost)
+    /// when a name taken early was lost while a later one was awaited
+    /// (every name is released); otherwise as
     /// [`acquire`](Locker::acquire), for the name that failed.
     ///
     /// # Cancel safety
@@ -132,7 +145,7 @@ impl Locker {
         if sorted.is_empty() {
             return Err(Error::invalid_config(backend, "no names to take"));
         }
-        let began = crate::raw::now();
+        let began = std::time::Instant::now();
         let mut guards = Vec::with_capacity(sorted.len());
         for name in sorted {
             match self.acquire(name, &opts.left_since(began)).await {
@@ -143,9 +156,31 @@ impl Locker {
                 }
                 Err(e) => {
                     release_all(guards).await;
-                    return Err(e);
+                    return Err(match (e.kind(), opts.get_wait()) {
+                        (crate::ErrorKind::Timeout, crate::Wait::For(d)) => Error::new(
+                            crate::ErrorKind::Timeout,
+                            backend,
+                            format!(
+                                "still held by another owner after waiting {d:?} for all the names"
+                            ),
+                        )
+                        .with_name(name),
+                        _ => e,
+                    });
                 }
             }
+        }
+        // A name taken early may have been lost while a later one was
+        // awaited: all or none.
+        if let Some(lost) = guards.iter().find(|g| !g.is_held()) {
+            let e = Error::new(
+                crate::ErrorKind::Lost,
+                backend,
+                "lost while the other names were awaited; every name was released",
+            )
+            .with_name(lost.name());
+            release_all(guards).await;
+            return Err(e);
         }
         Ok(Some(MultiGuard { guards }))
     }
@@ -189,7 +224,7 @@ impl Locker {
 async fn release_all(guards: Vec<LockGuard>) {
     for r in futures_util::future::join_all(guards.into_iter().map(LockGuard::release)).await {
         if let Err(e) = r {
-            tracing::debug!(error = %e, "release after a failed multi-acquire");
+            tracing::warn!(error = %e, "release after a failed multi-acquire; the name ends by its lease");
         }
     }
 }

@@ -65,11 +65,9 @@ impl Backend for Migrating {
         .values(a.values && b.values)
         .rw_layout(same_layout(a.rw_layout, b.rw_layout))
         .semaphore_layout(same_layout(a.semaphore_layout, b.semaphore_layout))
-        .lock_delay(if a.lock_delay == b.lock_delay {
-            a.lock_delay
-        } else {
-            crate::capabilities::LockDelay::Unsupported
-        })
+        // A lost half releases the other at once (`relay_lost`), which
+        // would end the delay early on that side.
+        .lock_delay(crate::capabilities::LockDelay::Unsupported)
     }
 
     /// Takes `req.name` on the old backend, then on the new one, both by

@@ -75,6 +75,17 @@ impl Held {
         watchdog: Arc<Watchdog>,
     ) -> Arc<Held> {
         let (ttl, delay, renew) = (opts.get_ttl(), opts.get_lock_delay(), opts.get_renew());
+        // With a lock-delay the holder counts the server's deadline less the
+        // delay. A grant that arrives with less than a renewal interval of
+        // that left (a waiter whose lease was kept alive at the server's
+        // pace, a slow quorum) counts the server's deadline until its first
+        // renewal, which the acquisition makes before it hands the guard
+        // out (see `needs_top_up`).
+        let valid = if Held::needs_top_up(&grant, ttl, delay) {
+            grant.valid_until
+        } else {
+            grant.valid_until - delay
+        };
         let held = Arc::new(Held {
             name,
             backend,
@@ -89,12 +100,7 @@ impl Held {
             failures: AtomicU32::new(0),
             ttl: Mutex::new(ttl),
             delay,
-            valid_until: Mutex::new(
-                grant
-                    .valid_until
-                    .checked_sub(delay)
-                    .unwrap_or(grant.valid_until),
-            ),
+            valid_until: Mutex::new(valid),
             released: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             lost_reason: OnceLock::new(),
@@ -107,6 +113,17 @@ impl Held {
         };
         held.schedule(first, true);
         held
+    }
+
+    /// Whether a grant with a lock-delay has less than a renewal interval
+    /// of the holder's validity left (or none): it must be renewed before
+    /// the guard is handed out.
+    pub(crate) fn needs_top_up(grant: &Grant, ttl: Duration, delay: Duration) -> bool {
+        !delay.is_zero()
+            && grant
+                .valid_until
+                .checked_sub(delay)
+                .is_none_or(|v| v < crate::raw::now() + renew_interval(ttl))
     }
 
     fn schedule(self: &Arc<Self>, at: Instant, new: bool) {
@@ -234,6 +251,17 @@ impl Held {
             return Err(self.lost_error("cannot renew"));
         }
         if let Some(t) = ttl {
+            if t + self.delay > crate::options::MAX_TTL {
+                return Err(Error::invalid_config(
+                    self.backend,
+                    format!(
+                        "ttl {t:?} plus the lock-delay {:?} is beyond the longest ttl {:?}",
+                        self.delay,
+                        crate::options::MAX_TTL
+                    ),
+                )
+                .with_name(self.name.clone()));
+            }
             // A ttl the lease cannot take is refused before anything
             // changes, on the client as on the server.
             self.lease
@@ -258,8 +286,11 @@ impl Held {
         match outcome {
             Ok(Ok(Renewal::Renewed { valid_until })) => {
                 if !self.lost.is_cancelled() {
-                    *lock(&self.valid_until) =
-                        valid_until.checked_sub(self.delay).unwrap_or(valid_until);
+                    // No instant as early as the deadline less the delay
+                    // (a clock that starts near zero): nothing is valid.
+                    *lock(&self.valid_until) = valid_until
+                        .checked_sub(self.delay)
+                        .unwrap_or_else(crate::raw::now);
                     if let Some(t) = ttl {
                         *lock(&self.ttl) = t;
                     }

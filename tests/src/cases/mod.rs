@@ -156,6 +156,10 @@ pub fn cases() -> Vec<Case> {
             delay::lock_delay_clean_release_frees_at_once,
             unless_lock_delay
         ),
+        case!(
+            delay::lock_delay_waited_grant_has_a_full_ttl,
+            unless_lock_delay
+        ),
         case!(delay::lock_delay_refused_where_not_enforced, |c| {
             (c.caps.lock_delay == lockcore::LockDelay::Server)
                 .then_some("the backend enforces a lock-delay")
@@ -163,6 +167,7 @@ pub fn cases() -> Vec<Case> {
         case!(delay::lock_all_in_opposite_orders_never_deadlocks),
         case!(delay::lock_all_is_all_or_none),
         case!(delay::lock_all_lost_when_any_lease_is, unless_revoke),
+        case!(delay::lock_all_lost_while_waiting_is_refused, unless_revoke),
         case!(semaphore::semaphore_never_more_than_n, unless_semaphore),
         case!(semaphore::semaphore_full_on_the_server, unless_semaphore),
         case!(

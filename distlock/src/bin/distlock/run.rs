@@ -34,7 +34,7 @@ pub(crate) async fn run(locker: Locker, args: Args, tell: bool) -> u8 {
                 .name
                 .get()
                 .split(',')
-                .map(|n| n.trim().to_owned())
+                .map(str::to_owned)
                 .collect(),
         ),
         (Some(n), _, _) => Take::Permits(n),

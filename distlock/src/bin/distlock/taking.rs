@@ -77,8 +77,9 @@ pub(crate) struct Args {
     /// NAME is a comma-separated list of lock names, taken all or none
     /// (as Redisson's MultiLock): in sorted order, so that two runs over
     /// overlapping lists never deadlock; the command runs once all are
-    /// held and is stopped when any is lost. No DISTLOCK_FENCE is exported
-    /// (one token per name).
+    /// held and is stopped when any is lost. Each name is taken as given
+    /// between the commas (spaces included). DISTLOCK_NAME is the list as
+    /// given; no DISTLOCK_FENCE is exported (one token per name).
     #[arg(long, conflicts_with_all = ["permits", "shared", "exclusive"])]
     pub(crate) all: bool,
     #[command(flatten)]
@@ -154,7 +155,7 @@ impl Lease {
         match self {
             Lease::One(g) => g.valid_until(),
             Lease::Write(w) => w.valid_until(),
-            Lease::Multi(m) => m.guards().iter().filter_map(LockGuard::valid_until).min(),
+            Lease::Multi(m) => m.valid_until(),
         }
     }
 
