@@ -178,29 +178,50 @@ pub(crate) fn target(name: &str, var: &str, cluster: bool, unreachable: &'static
     .hint(COMPOSE_HINT)
 }
 
-/// The `redis://host:port` of the master that the sentinels of a
-/// `redis+sentinel://` URL name now.
+/// The `redis://host:port` of the master that a majority of the sentinels
+/// of a `redis+sentinel://` URL names and deems up now (as the library
+/// counts it: during a failover there may be none for a moment).
 pub(crate) async fn sentinel_master(url: &str) -> lockcore::Result<String> {
     let u = lockcore::raw::address::ServerUrl::parse(url, 26379)
         .map_err(|e| Error::backend_error("redis", e))?;
-    let mut last = String::from("no sentinel");
+    let mut votes: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut said = Vec::new();
     for s in &u.hosts {
         let asked = async {
             let client = redis::Client::open(format!("redis://{s}"))?;
             let mut c = client.get_multiplexed_async_connection().await?;
             redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
+                .arg("MASTER")
                 .arg(&u.path)
-                .query_async::<Option<(String, u16)>>(&mut c)
+                .query_async::<std::collections::HashMap<String, String>>(&mut c)
                 .await
         };
         match asked.await {
-            Ok(Some((host, port))) => return Ok(format!("redis://{host}:{port}")),
-            Ok(None) => last = format!("sentinel {s} knows no master {:?}", u.path),
-            Err(e) => last = format!("sentinel {s}: {e}"),
+            Ok(info) => {
+                let flags = info.get("flags").cloned().unwrap_or_default();
+                let up = flags.split(',').any(|f| f == "master")
+                    && !flags.split(',').any(|f| f == "s_down" || f == "o_down");
+                match (info.get("ip"), info.get("port"), up) {
+                    (Some(ip), Some(port), true) => {
+                        *votes.entry(format!("redis://{ip}:{port}")).or_default() += 1;
+                    }
+                    _ => said.push(format!("sentinel {s}: flags {flags}")),
+                }
+            }
+            Err(e) => said.push(format!("sentinel {s}: {e}")),
         }
     }
-    Err(Error::unavailable("redis", last))
+    let majority = u.hosts.len() / 2 + 1;
+    votes
+        .into_iter()
+        .find(|(_, n)| *n >= majority)
+        .map(|(addr, _)| addr)
+        .ok_or_else(|| {
+            Error::unavailable(
+                "redis",
+                format!("no majority names a master: {}", said.join("; ")),
+            )
+        })
 }
 
 /// A target called `name` over the `redis+sentinel://` URL in `var`; the
