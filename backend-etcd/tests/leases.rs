@@ -210,6 +210,7 @@ async fn a_second_release_leaves_a_reused_lease_alone(ctx: Ctx) {
         name,
         owner: OwnerToken::random(),
         ttl: Duration::from_secs(5),
+        lock_delay: Duration::ZERO,
         deadline: Deadline::Now,
         lost: &lost,
         value: None,

@@ -9,6 +9,8 @@ use lockcore::Role;
 
 use crate::config::NAME;
 use crate::core::{rw_row, MysqlBackend};
+use crate::counter::Autocommit;
+use crate::delay::Delayed;
 use crate::lease::MysqlLease;
 use crate::publish::publish;
 use crate::slots::counter_row;
@@ -29,7 +31,15 @@ impl Backend for MysqlBackend {
         } else {
             Fencing::None
         };
+        // A lock-delay: a record beside the lock (see `acquire`), which
+        // needs fencing and the table of lock-delays.
+        let lock_delay = if self.shared.delays {
+            LockDelay::Recorded
+        } else {
+            LockDelay::Unsupported
+        };
         Capabilities::new(fencing, LeaseKind::Connection)
+            .lock_delay(lock_delay)
             .push_wakeup(true)
             .inspect(self.shared.cfg.fencing)
             .values(self.shared.cfg.fencing && self.shared.values)
@@ -43,13 +53,27 @@ impl Backend for MysqlBackend {
     /// fencing counter advanced and committed on another connection, then a
     /// round trip proving the transaction outlived the increment.
     ///
+    /// A lock-delay (locks and elections) is a record in the table of
+    /// lock-delays: read in that last round trip, an unreleased
+    /// predecessor's deadline is waited out while holding the row, then a
+    /// holder with a lock-delay writes its own (see `delay.rs`), a
+    /// holder without one deletes the predecessor's.
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped acquisition closes its connection without a
     /// goodbye and `KILL`s its server thread in the background, which rolls
-    /// the transaction back whatever it had locked.
+    /// the transaction back whatever it had locked, and deletes the
+    /// lock-delay record it may have written.
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
         let sh = self.shared.clone();
+        let delayed = !req.lock_delay.is_zero();
+        if delayed && !matches!(req.mode, Mode::Exclusive) {
+            return Err(Error::invalid_config(
+                NAME,
+                "a lock-delay applies to locks and elections here, not to read-write locks or semaphores",
+            ));
+        }
         let ttl = whole_seconds(req.ttl);
         let first_wait = match req.deadline {
             Deadline::Now => 1,
@@ -88,13 +112,13 @@ impl Backend for MysqlBackend {
             return Ok(None);
         };
         let conn_id = h.id.unwrap_or_default();
+        let owner = req.owner.to_string();
+        let mut record_armed = None;
         let (fence, sent) = if sh.cfg.fencing {
             // The fencing counter: advanced while the row is locked, in its
             // own committed statement, so it never rolls back with a dead
             // holder.
-            let fence = self
-                .next_fence(&counter, conn_id, req.owner.to_string())
-                .await?;
+            let fence = self.next_fence(&counter, conn_id, owner.clone()).await?;
             let exclusive = matches!(req.mode, Mode::Exclusive);
             if let (true, Some(value)) = (exclusive, req.value) {
                 self.record_value(&row, fence, value).await?;
@@ -104,7 +128,7 @@ impl Backend for MysqlBackend {
             // lock's holder proves it by publishing itself, after its
             // fencing row and value are written, so that inspection finds
             // them written.
-            let sent = Instant::now();
+            let mut sent = Instant::now();
             if exclusive {
                 // A second for a dying previous holder's user lock, unless
                 // that would reach past the deadline (a renewal takes it
@@ -114,7 +138,31 @@ impl Backend for MysqlBackend {
                     Deadline::At(t) if t <= Instant::now() + Duration::from_secs(1) => 0,
                     _ => 1,
                 };
-                publish(&sh, &mut h, &row, wait, Some(fence)).await?;
+                let record = publish(&sh, &mut h, &row, wait, Some(fence)).await?;
+                match self
+                    .honour_delay(&mut h, &row, record, &owner, &req)
+                    .await?
+                {
+                    Delayed::Refused => {
+                        self.give_back(h).await?;
+                        return Ok(None);
+                    }
+                    Delayed::Waited(at) => sent = at,
+                    Delayed::No => {}
+                }
+                if delayed {
+                    // Undone if this acquisition is dropped from here on.
+                    record_armed = Some(self.arm_delay_clear(&row, &owner));
+                    sh.autocommit(
+                        Autocommit::DelaySet {
+                            name: &row,
+                            lease: req.ttl,
+                            owner: &owner,
+                        },
+                        "recording the lock-delay",
+                    )
+                    .await?;
+                }
             } else {
                 self.prove_alive(&mut h).await?;
             }
@@ -132,11 +180,15 @@ impl Backend for MysqlBackend {
         };
         tracing::debug!(name = req.name, row, ?fence, conn_id, "row lock taken");
         let publishes = sh.cfg.fencing && matches!(req.mode, Mode::Exclusive);
+        if let Some(armed) = record_armed {
+            armed.disarm();
+        }
         Ok(Some(Grant {
             lease: Box::new(MysqlLease {
                 shared: sh,
                 name: row,
                 conn_id,
+                delay_owner: delayed.then_some(owner),
                 publish: publishes,
                 lost: req.lost.clone(),
                 conn: HeldConn::new(NAME, h),

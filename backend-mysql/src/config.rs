@@ -5,7 +5,7 @@
 //!
 //! | option | default | meaning |
 //! |---|---|---|
-//! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence`, leaders' values in `<table>_value` |
+//! | `table` | `lockcore_locks` | the lock table; the fencing counters live in `<table>_fence`, leaders' values in `<table>_value`, lock-delay records in `<table>_delay` |
 //! | `pool_size` | 32 | idle connections kept for waiting and holding locks (each waiting or held lock uses one; beyond these, one is opened for it and closed after), and as many for the fencing counter |
 //! | `aux_pool_size` | 8 | connections for the other short statements (cancelling a wait, `KILL`, reading the lock waits) |
 //! | `rwlock` | `share` | the layout of a read-write lock: `share` (readers `SELECT ... LOCK IN SHARE MODE` the row that writers `SELECT ... FOR UPDATE`, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those. The two do not see each other: every client of a name must use the same, and a fleet changes layout only with the read-write lock's users stopped |
@@ -13,7 +13,7 @@
 //! | `fencing` | `strict` | `none` skips the fencing counter: tokens are `None` ([`Fencing::None`](lockcore::Fencing::None)), and an acquisition makes two round trips fewer and commits nothing; there is then no inspection and no leader election |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
-//! | `ensure_schema` | `true` | create the three tables if missing when connecting (see [`crate::schema_sql`]) |
+//! | `ensure_schema` | `true` | create the four tables if missing when connecting (see [`crate::schema_sql`]) |
 //!
 //! TLS is not built in: `ssl-mode`/`sslmode` other than `disabled` is refused
 //! (reach a remote server through a TLS tunnel).
@@ -46,7 +46,7 @@ pub struct MysqlConfig {
     pub database: Option<String>,
     /// The lock table (letters, digits, `_` and `$`, up to 58 characters);
     /// the fencing counters live in `<table>_fence`, leaders' values in
-    /// `<table>_value`.
+    /// `<table>_value`, lock-delay records in `<table>_delay`.
     pub table: String,
     /// How many connections are kept for waiting and holding locks (each
     /// waiting or held lock uses one; beyond these, one is opened for it).

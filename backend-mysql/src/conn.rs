@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) fence_idle: Idle,
     /// Whether the table of leaders' values exists.
     pub(crate) values: bool,
+    /// Whether the table of lock-delay records exists (and fencing is on).
+    pub(crate) delays: bool,
     pub(crate) aux: MySqlPool,
     pub(crate) server: String,
     pub(crate) sql: Sql,

@@ -12,7 +12,7 @@ use sqlx::{AssertSqlSafe, Connection};
 use crate::config::{check_table, MysqlConfig, NAME};
 use crate::conn::{answer, Idle, Shared, IDLE_BEFORE_PING};
 use crate::error::{db_number, map_err};
-use crate::sql::{schema_sql, value_table, Sql};
+use crate::sql::{delay_table, schema_sql, value_table, Sql};
 
 /// Locks in a MySQL 8 or MariaDB database: one row per name, locked by
 /// `SELECT ... FOR UPDATE` in a transaction held open on a dedicated pooled
@@ -65,7 +65,7 @@ impl MysqlBackend {
                 .map_err(|_| crate::error::no_greeting(&server, cfg.connect_timeout))?
                 .map_err(|e| map_err(e, "connecting", &server))?;
         if cfg.ensure_schema {
-            let [locks, fences, values] = schema_sql(&cfg.table)?;
+            let [locks, fences, values, delays] = schema_sql(&cfg.table)?;
             for ddl in [locks, fences] {
                 let fut = sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut probe);
                 // Created or not, nothing is held: a connect that did not
@@ -80,27 +80,46 @@ impl MysqlBackend {
                 .await?
                 .map_err(|e| map_err(e, "creating the lock tables", &server))?;
             }
-            // The table of leaders' values came later: a deployment that
-            // may not create it still locks (it has no election).
-            let fut = sqlx::raw_sql(AssertSqlSafe(values)).execute(&mut probe);
-            match answer(
-                &server,
-                "creating the lock tables",
-                cfg.request_timeout,
-                false,
-                fut,
-            )
-            .await?
-            {
-                Ok(_) => {}
-                Err(e) if db_number(&e).is_some() => {
-                    tracing::warn!(error = %e, "the table of leaders' values could not be created: no leader election");
+            // The tables of leaders' values and of lock-delays came later: a
+            // deployment that may not create them still locks (with no
+            // election, no lock-delay).
+            for (ddl, without) in [(values, "no leader election"), (delays, "no lock-delay")] {
+                let fut = sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut probe);
+                match answer(
+                    &server,
+                    "creating the lock tables",
+                    cfg.request_timeout,
+                    false,
+                    fut,
+                )
+                .await?
+                {
+                    Ok(_) => {}
+                    Err(e) if db_number(&e).is_some() => {
+                        tracing::warn!(error = %e, "a table could not be created: {without}");
+                    }
+                    Err(e) => return Err(map_err(e, "creating the lock tables", &server)),
                 }
-                Err(e) => return Err(map_err(e, "creating the lock tables", &server)),
             }
         }
-        let values =
-            cfg.fencing && has_table(&mut probe, &value_table(&cfg.table), &cfg, &server).await?;
+        let values = cfg.fencing
+            && has_table(
+                &mut probe,
+                Probe::Values(&value_table(&cfg.table)),
+                &cfg,
+                &server,
+            )
+            .await?;
+        // A lock-delay's record is read in the round trip by which a fenced
+        // holder publishes itself: no lock-delay without fencing.
+        let delays = cfg.fencing
+            && has_table(
+                &mut probe,
+                Probe::Delays(&delay_table(&cfg.table)),
+                &cfg,
+                &server,
+            )
+            .await?;
         // MariaDB and MySQL spell a shared lock without waiting differently.
         let what = "reading the server version";
         let version = answer(
@@ -131,12 +150,13 @@ impl MysqlBackend {
             .acquire_timeout(cfg.connect_timeout)
             .idle_timeout(Some(Duration::from_secs(60)))
             .connect_lazy_with(opts.clone());
-        let sql = Sql::new(&cfg.table, &cfg.fence_table(), mariadb, values);
+        let sql = Sql::new(&cfg.table, &cfg.fence_table(), mariadb, values, delays);
         Ok(MysqlBackend {
             shared: Arc::new(Shared {
                 idle: Idle::new(cfg.pool_size),
                 fence_idle: Idle::new(cfg.pool_size),
                 values,
+                delays,
                 cfg,
                 aux,
                 server,
@@ -152,27 +172,50 @@ impl MysqlBackend {
     }
 }
 
-/// Whether `table` exists and can be written (an error from the server, such
-/// as a missing table or a refused insert, is `false`; a failure to ask is
-/// an error).
+/// A table that came after the first two, which a deployment may lack.
+#[derive(Debug, Clone, Copy)]
+enum Probe<'a> {
+    /// The table of leaders' values.
+    Values(&'a str),
+    /// The table of lock-delay records.
+    Delays(&'a str),
+}
+
+/// Whether a table exists and can be written and deleted from (an error
+/// from the server, such as a missing table or a refused statement, is
+/// `false`; a failure to ask is an error).
 async fn has_table(
     conn: &mut MySqlConnection,
-    table: &str,
+    probe: Probe<'_>,
     cfg: &MysqlConfig,
     server: &str,
 ) -> Result<bool> {
-    let what = "looking for the table of leaders' values";
-    // Writes no row (`WHERE FALSE`), but is checked as an insert.
-    let sql = format!(
-        "INSERT INTO `{table}` (`name`, `fence`, `value`) SELECT '', 0, '' FROM DUAL WHERE FALSE"
-    );
+    // Writes and deletes no row (`WHERE FALSE`), but is checked as an
+    // insert and a delete.
+    let (what, without, sql) = match probe {
+        Probe::Values(table) => (
+            "looking for the table of leaders' values",
+            "no table of leaders' values this account may write: no leader election",
+            format!(
+                "INSERT INTO `{table}` (`name`, `fence`, `value`) SELECT '', 0, '' FROM DUAL WHERE FALSE"
+            ),
+        ),
+        Probe::Delays(table) => (
+            "looking for the table of lock-delays",
+            "no table of lock-delays this account may write: no lock-delay",
+            format!(
+                "INSERT INTO `{table}` (`name`, `until`, `owner`) SELECT '', UTC_TIMESTAMP(6), '' FROM DUAL WHERE FALSE; \
+                 DELETE FROM `{table}` WHERE FALSE"
+            ),
+        ),
+    };
     let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(conn);
     match answer(server, what, cfg.request_timeout, false, fut).await? {
         Ok(_) => Ok(true),
-        // Missing, refused (also column grants, a read-only server): no
-        // elections, said once.
+        // Missing, refused (also column grants, a read-only server): said
+        // once.
         Err(e) if db_number(&e).is_some() => {
-            tracing::warn!(error = %e, "no table of leaders' values this account may write: no leader election");
+            tracing::warn!(error = %e, "{without}");
             Ok(false)
         }
         Err(e) => Err(map_err(e, what, server)),

@@ -1,5 +1,5 @@
 //! What commits on its own, apart from the holding transaction: the
-//! fencing counter and the value beside a lease.
+//! fencing counter, the value beside a lease and a lock-delay's record.
 
 use std::time::Instant;
 
@@ -7,6 +7,7 @@ use lockcore::raw::prelude::*;
 use sqlx::{AssertSqlSafe, Connection};
 
 use crate::config::NAME;
+use crate::conn::Shared;
 use crate::core::MysqlBackend;
 use crate::error::map_err;
 
@@ -16,6 +17,7 @@ impl MysqlBackend {
     /// holder's connection id and owner.
     pub(crate) async fn next_fence(&self, name: &str, conn_id: u64, owner: String) -> Result<u64> {
         let done = self
+            .shared
             .autocommit(
                 Autocommit::Fence {
                     name,
@@ -37,25 +39,32 @@ impl MysqlBackend {
     /// Records a candidate's value beside its lock, with the term (fencing
     /// token) it belongs to, in its own autocommit statement.
     pub(crate) async fn record_value(&self, name: &str, fence: u64, value: &str) -> Result<()> {
-        self.autocommit(
-            Autocommit::Value { name, fence, value },
-            "recording the leader's value",
-        )
-        .await
-        .map(drop)
+        self.shared
+            .autocommit(
+                Autocommit::Value { name, fence, value },
+                "recording the leader's value",
+            )
+            .await
+            .map(drop)
     }
+}
 
+impl Shared {
     /// Runs `stmt` in its own autocommit statement on another connection
     /// than the holding one (an idle one of its own, see `conn.rs`), so that
     /// it never rolls back with a dead holder. An idle connection that died
     /// (a server restart) fails at once and the statement is sent again on
     /// another: at worst a counter skips a value, and tokens still rise.
-    async fn autocommit(
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may or may not have committed the statement.
+    pub(crate) async fn autocommit(
         &self,
         stmt: Autocommit<'_>,
         what: &str,
     ) -> Result<sqlx::mysql::MySqlQueryResult> {
-        let sh = &self.shared;
+        let sh = self;
         let give_up = Instant::now() + sh.cfg.request_timeout;
         let mut tries = sh.cfg.pool_size + 1;
         loop {
@@ -99,6 +108,26 @@ impl MysqlBackend {
                             .execute(&mut c)
                             .await
                     }
+                    Autocommit::DelaySet { name, lease, owner }
+                    | Autocommit::DelayKeep { name, lease, owner } => {
+                        let sql = match stmt {
+                            Autocommit::DelaySet { .. } => &sh.sql.delay_set,
+                            _ => &sh.sql.delay_keep,
+                        };
+                        sqlx::query(AssertSqlSafe(sql.clone()))
+                            .bind(name.as_bytes())
+                            .bind(u64::try_from(lease.as_micros()).unwrap_or(u64::MAX))
+                            .bind(owner)
+                            .execute(&mut c)
+                            .await
+                    }
+                    Autocommit::DelayClear { name, owner } => {
+                        sqlx::query(AssertSqlSafe(sh.sql.delay_clear.clone()))
+                            .bind(name.as_bytes())
+                            .bind(owner)
+                            .execute(&mut c)
+                            .await
+                    }
                 };
                 (c, done)
             };
@@ -124,9 +153,9 @@ impl MysqlBackend {
     }
 }
 
-/// A statement [`autocommit`](MysqlBackend::autocommit) runs.
+/// A statement [`autocommit`](Shared::autocommit) runs.
 #[derive(Debug, Clone, Copy)]
-enum Autocommit<'a> {
+pub(crate) enum Autocommit<'a> {
     /// Advance `name`'s fencing counter for the holder `conn_id`, `owner`.
     Fence {
         name: &'a str,
@@ -139,4 +168,20 @@ enum Autocommit<'a> {
         fence: u64,
         value: &'a str,
     },
+    /// Record `owner`'s lock-delay deadline of `name`, `lease` (its ttl and
+    /// delay) from now on the server's clock, over any record there.
+    DelaySet {
+        name: &'a str,
+        lease: std::time::Duration,
+        owner: &'a str,
+    },
+    /// Move `owner`'s deadline as [`Autocommit::DelaySet`], recreating its
+    /// record if gone, leaving another owner's alone.
+    DelayKeep {
+        name: &'a str,
+        lease: std::time::Duration,
+        owner: &'a str,
+    },
+    /// Delete `owner`'s record of `name`.
+    DelayClear { name: &'a str, owner: &'a str },
 }

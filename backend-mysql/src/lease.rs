@@ -12,6 +12,8 @@ use sqlx::AssertSqlSafe;
 use crate::config::NAME;
 use crate::conn::Holding;
 use crate::conn::Shared;
+use crate::counter::Autocommit;
+use crate::delay::clear;
 use crate::publish::publish;
 use crate::sql::is_user_lock_name;
 
@@ -20,6 +22,9 @@ pub(crate) struct MysqlLease {
     pub(crate) shared: Arc<Shared>,
     pub(crate) name: String,
     pub(crate) conn_id: u64,
+    /// With a lock-delay, the owner whose record (see `delay.rs`) each
+    /// renewal moves and the release deletes.
+    pub(crate) delay_owner: Option<String>,
     /// Whether the holder publishes itself with a user lock (a lock's,
     /// with fencing): one that found it taken tries again at each renewal.
     pub(crate) publish: bool,
@@ -41,6 +46,7 @@ struct Renewing {
     shared: Arc<Shared>,
     name: String,
     conn_id: u64,
+    delay_owner: Option<String>,
     publish: bool,
     lost: CancellationToken,
 }
@@ -83,8 +89,9 @@ impl Renewing {
                 .answer(KEEPALIVE, limit, false, publishing)
                 .await
             {
-                Ok(Ok(())) => {
+                Ok(Ok(_)) => {
                     h.in_flight = false;
+                    self.keep_record(ttl).await?;
                     Ok(renewed)
                 }
                 Ok(Err(e)) | Err(e) => self.broken(&mut slot, &e.to_string()),
@@ -111,11 +118,33 @@ impl Renewing {
                     h.in_flight = false;
                     h.session_ttl = secs;
                 }
+                self.keep_record(ttl).await?;
                 Ok(renewed)
             }
             Ok(Err(e)) => self.broken(&mut slot, &e.to_string()),
             Err(e) => self.broken(&mut slot, &e.to_string()),
         }
+    }
+}
+
+impl Renewing {
+    /// With a lock-delay, moves the record's deadline to `ttl` (the
+    /// holder's ttl and delay) from now, after the keepalive proved the
+    /// row still held. A failure fails the renewal: the validity is not
+    /// extended.
+    async fn keep_record(&self, ttl: Duration) -> Result<()> {
+        let Some(owner) = &self.delay_owner else {
+            return Ok(());
+        };
+        let stmt = Autocommit::DelayKeep {
+            name: &self.name,
+            lease: ttl,
+            owner,
+        };
+        self.shared
+            .autocommit(stmt, "moving the lock-delay's deadline")
+            .await
+            .map(drop)
     }
 }
 
@@ -138,6 +167,7 @@ impl BackendLease for MysqlLease {
             shared: self.shared.clone(),
             name: self.name.clone(),
             conn_id: self.conn_id,
+            delay_owner: self.delay_owner.clone(),
             publish: self.publish,
             lost: self.lost.clone(),
         };
@@ -163,6 +193,12 @@ impl BackendLease for MysqlLease {
         let Some(mut h) = self.conn.take().await else {
             return Ok(Released::NotHeld);
         };
+        if let Some(owner) = &self.delay_owner {
+            // The lock-delay's record first, while the row is still ours:
+            // a clean release frees the name at once. One left behind (a
+            // failure, logged) only delays the next holder.
+            clear(self.shared.clone(), self.name.clone(), owner.clone()).await;
+        }
         if h.in_flight {
             // A renewal was cut off mid-statement and its reply is unread:
             // the connection is closed and its session ended, which rolls

@@ -7,7 +7,9 @@
 //! and the session's `wait_timeout` follows the ttl, so a holder that dies
 //! or stalls frees the row. Fencing tokens come from a counter row committed
 //! on its own; read-write locks and semaphores lock rows of their own; a
-//! holder names itself with a user lock (`GET_LOCK`) for inspection.
+//! holder names itself with a user lock (`GET_LOCK`) for inspection; a
+//! lock-delay is a record beside the lock that every client of ours honours
+//! ([`LockDelay::Recorded`](lockcore::LockDelay::Recorded)).
 //!
 //! How many locks one client can hold or await at once is bounded by the
 //! server's `max_connections` (151 by default), not by `pool_size`. The
@@ -30,6 +32,7 @@ pub mod config;
 mod conn;
 mod core;
 mod counter;
+mod delay;
 mod error;
 mod holder;
 mod lease;

@@ -39,6 +39,10 @@ use crate::sql::is_user_lock_name;
 /// names, and names the holder, rather than showing the name free until
 /// the next renewal publishes it.
 ///
+/// The same round trip reads the row's lock-delay record, where the table
+/// of lock-delays exists: the holder is then the row's, so the record is
+/// its predecessor's (or its own).
+///
 /// # Cancel safety
 ///
 /// A dropped call leaves its reply unread on the holding connection, which
@@ -50,17 +54,21 @@ pub(crate) async fn publish(
     row: &str,
     wait: u64,
     term: Option<u64>,
-) -> Result<()> {
+) -> Result<Option<DelayRecord>> {
     let what = "publishing the holder (GET_LOCK)";
     let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
-    let asking = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
+    let mut asking = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
         .bind(row.as_bytes())
         .bind(wait)
         .bind(row.as_bytes());
-    match get_user_lock(sh, h, asking, what, limit).await? {
+    if sh.delays {
+        asking = asking.bind(row.as_bytes()).bind(row.as_bytes());
+    }
+    let (user_lock, record) = get_user_lock(sh, h, asking, what, limit).await?;
+    match user_lock {
         UserLock::Ours(key) => {
             h.user_lock = Some(key);
-            Ok(())
+            Ok(record)
         }
         UserLock::Another(key) => {
             if wait > 0 {
@@ -73,11 +81,24 @@ pub(crate) async fn publish(
                 tracing::debug!(row, key, "this lock's user lock is still another session's");
             }
             match term {
-                Some(fence) if h.term_lock.is_none() => publish_term(sh, h, row, fence).await,
-                _ => Ok(()),
+                Some(fence) if h.term_lock.is_none() => {
+                    publish_term(sh, h, row, fence).await.map(|()| record)
+                }
+                _ => Ok(record),
             }
         }
     }
+}
+
+/// A lock-delay's record of a row: a holder with a lock-delay keeps its
+/// deadline there (see `counter.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DelayRecord {
+    /// How long until the deadline, from the reading statement's start;
+    /// zero once passed.
+    pub(crate) left: Duration,
+    /// The holder that wrote it (its owner token).
+    pub(crate) owner: String,
 }
 
 /// Who holds a user lock after a `GET_LOCK` (its name in the reply's
@@ -101,7 +122,7 @@ async fn get_user_lock(
     asking: sqlx::query::Query<'_, sqlx::MySql, sqlx::mysql::MySqlArguments>,
     what: &str,
     limit: Duration,
-) -> Result<UserLock> {
+) -> Result<(UserLock, Option<DelayRecord>)> {
     let got = sh
         .answer(what, limit, false, asking.fetch_one(h.conn()?))
         .await?
@@ -112,14 +133,33 @@ async fn get_user_lock(
         got.try_get::<String, _>(1)
             .map_err(|e| map_err(e, what, &sh.server))?,
     );
-    match taken {
-        Some(1) if is_user_lock_name(&key) => Ok(UserLock::Ours(key)),
-        Some(1) => Err(Error::backend_error(
-            NAME,
-            format!("the server named a user lock {key:?}, not one of ours"),
-        )),
-        _ => Ok(UserLock::Another(key)),
-    }
+    // A publishing statement's third and fourth columns: the lock-delay
+    // record, if any.
+    let record = if got.len() >= 4 {
+        let left = got
+            .try_get::<Option<i64>, _>(2)
+            .map_err(|e| map_err(e, what, &sh.server))?;
+        let owner = got
+            .try_get::<Option<String>, _>(3)
+            .map_err(|e| map_err(e, what, &sh.server))?;
+        left.zip(owner).map(|(left, owner)| DelayRecord {
+            left: Duration::from_micros(u64::try_from(left).unwrap_or(0)),
+            owner,
+        })
+    } else {
+        None
+    };
+    let user_lock = match taken {
+        Some(1) if is_user_lock_name(&key) => UserLock::Ours(key),
+        Some(1) => {
+            return Err(Error::backend_error(
+                NAME,
+                format!("the server named a user lock {key:?}, not one of ours"),
+            ))
+        }
+        _ => UserLock::Another(key),
+    };
+    Ok((user_lock, record))
 }
 
 /// The holder of term `fence` of `row`, whose row's user lock is another
@@ -140,7 +180,7 @@ async fn publish_term(sh: &Shared, h: &mut Holding, row: &str, fence: u64) -> Re
         .bind(fence)
         .bind(row.as_bytes())
         .bind(fence);
-    match get_user_lock(sh, h, asking, what, limit).await? {
+    match get_user_lock(sh, h, asking, what, limit).await?.0 {
         UserLock::Ours(key) => {
             h.term_lock = Some(key);
             Ok(())

@@ -65,8 +65,20 @@ pub(crate) struct Sql {
     /// The holder of a lock publishes itself: the user lock of its row
     /// (`GET_LOCK`, waiting as many seconds as bound second), and the user
     /// lock's name, for the release (no derived table: the server would
-    /// make a temporary table of it each time).
+    /// make a temporary table of it each time); then, where the table of
+    /// lock-delays exists, the row's lock-delay record: the microseconds
+    /// left until its deadline (at the statement's start) and its owner,
+    /// the row bound twice more.
     pub(crate) publish: Arc<str>,
+    /// A holder with a lock-delay records its deadline: the row, the
+    /// microseconds from now (the server's UTC clock), the owner.
+    pub(crate) delay_set: Arc<str>,
+    /// A renewal moves the deadline of its own record (recreated if gone,
+    /// another owner's left alone): as [`Sql::delay_set`].
+    pub(crate) delay_keep: Arc<str>,
+    /// A clean release, or a successor without a lock-delay, deletes a
+    /// record: the row and the record's owner.
+    pub(crate) delay_clear: Arc<str>,
     /// A holder whose row's user lock is another session's takes the user
     /// lock of its term instead (`GET_LOCK` without waiting), and learns its
     /// name: bound the row and the term, twice.
@@ -140,8 +152,9 @@ impl Sql {
     /// (`mariadb`) or a MySQL one, which spell a shared lock without
     /// waiting differently; `values` when the table of leaders' values
     /// exists.
-    pub(crate) fn new(table: &str, fence: &str, mariadb: bool, values: bool) -> Self {
+    pub(crate) fn new(table: &str, fence: &str, mariadb: bool, values: bool, delays: bool) -> Self {
         let value = value_table(table);
+        let delay = delay_table(table);
         let user_lock = user_lock_name(table);
         let term_lock = term_lock_name(table, "?", "?");
         let recorded_term_lock = term_lock_name(table, "`f`.`name`", "`f`.`fence`");
@@ -186,10 +199,27 @@ impl Sql {
                  `fence` = GREATEST(`fence`, VALUES(`fence`))"
             )
             .into(),
-            publish: format!(
-                "SELECT CAST(GET_LOCK({user_lock}, ?) AS SIGNED), {user_lock}"
+            publish: if delays {
+                format!(
+                    "SELECT CAST(GET_LOCK({user_lock}, ?) AS SIGNED), {user_lock}, \
+                     (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `until`) AS SIGNED) FROM `{delay}` WHERE `name` = ?), \
+                     (SELECT `owner` FROM `{delay}` WHERE `name` = ?)"
+                )
+            } else {
+                format!("SELECT CAST(GET_LOCK({user_lock}, ?) AS SIGNED), {user_lock}, NULL, NULL")
+            }
+            .into(),
+            delay_set: format!(
+                "INSERT INTO `{delay}` (`name`, `until`, `owner`) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
+                 ON DUPLICATE KEY UPDATE `until` = VALUES(`until`), `owner` = VALUES(`owner`)"
             )
             .into(),
+            delay_keep: format!(
+                "INSERT INTO `{delay}` (`name`, `until`, `owner`) VALUES (?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?) \
+                 ON DUPLICATE KEY UPDATE `until` = IF(`owner` = VALUES(`owner`), VALUES(`until`), `until`)"
+            )
+            .into(),
+            delay_clear: format!("DELETE FROM `{delay}` WHERE `name` = ? AND `owner` = ?").into(),
             term_lock: format!("SELECT CAST(GET_LOCK({term_lock}, 0) AS SIGNED), {term_lock}")
                 .into(),
             inspect: if values {
@@ -306,9 +336,15 @@ pub(crate) fn value_table(table: &str) -> String {
     format!("{table}_value")
 }
 
+/// The table of lock-delay records of lock table `table`.
+pub(crate) fn delay_table(table: &str) -> String {
+    format!("{table}_delay")
+}
+
 /// The `CREATE TABLE` statements of the lock table `table`, its fencing
-/// counter table `<table>_fence` and the table of leaders' values
-/// `<table>_value`, for migrations.
+/// counter table `<table>_fence`, the table of leaders' values
+/// `<table>_value` and the table of lock-delay records `<table>_delay`,
+/// for migrations.
 ///
 /// Names are `VARBINARY(256)` primary keys, so they compare byte for byte
 /// (`A` and `a`, `x` and `x `, are different names) and a `FOR UPDATE` on one
@@ -319,13 +355,14 @@ pub(crate) fn value_table(table: &str) -> String {
 /// assert!(ddl[0].contains("VARBINARY(256)"));
 /// assert!(ddl[1].contains("`lockcore_locks_fence`"));
 /// assert!(ddl[2].contains("`lockcore_locks_value`"));
+/// assert!(ddl[3].contains("`lockcore_locks_delay`"));
 /// ```
 ///
 /// # Errors
 ///
 /// [`lockcore::ErrorKind::InvalidConfig`] for a table name that is not a
 /// plain identifier.
-pub fn schema_sql(table: &str) -> Result<[String; 3]> {
+pub fn schema_sql(table: &str) -> Result<[String; 4]> {
     check_table(table)
         .map_err(|why| Error::invalid_config(NAME, format!("table name {table:?}: {why}")))?;
     Ok([
@@ -338,6 +375,9 @@ pub fn schema_sql(table: &str) -> Result<[String; 3]> {
         format!(
             "CREATE TABLE IF NOT EXISTS `{table}_value` (\n  `name` VARBINARY(256) NOT NULL,\n  `fence` BIGINT UNSIGNED NOT NULL,\n  `value` VARBINARY(1024) NOT NULL,\n  PRIMARY KEY (`name`)\n) ENGINE=InnoDB"
         ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS `{table}_delay` (\n  `name` VARBINARY(256) NOT NULL,\n  `until` DATETIME(6) NOT NULL,\n  `owner` CHAR(32) NOT NULL,\n  PRIMARY KEY (`name`)\n) ENGINE=InnoDB"
+        ),
     ])
 }
 
@@ -347,13 +387,13 @@ mod tests {
 
     #[test]
     fn row_probe_names_the_row_in_hex_and_rolls_back() {
-        let mysql = Sql::new("t", "t_fence", false, true);
+        let mysql = Sql::new("t", "t_fence", false, true, true);
         assert_eq!(
             mysql.row_probe("a/\u{1}"),
             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
              SELECT 1 FROM `t` WHERE `name` = X'612F01' FOR SHARE NOWAIT; ROLLBACK"
         );
-        let mariadb = Sql::new("t", "t_fence", true, true);
+        let mariadb = Sql::new("t", "t_fence", true, true, true);
         assert!(mariadb
             .row_probe("x")
             .ends_with("`name` = X'78' LOCK IN SHARE MODE NOWAIT; ROLLBACK"));
@@ -361,14 +401,14 @@ mod tests {
 
     #[test]
     fn probes_name_their_rows_in_hex_and_roll_back() {
-        let mysql = Sql::new("t", "t_fence", false, true);
+        let mysql = Sql::new("t", "t_fence", false, true, true);
         let p = mysql.rows_probe(b"a", b"a\x01rw", &[&b"a\x01rw"[..]]);
         assert!(p.starts_with(PROBE_BEGIN), "{p}");
         assert!(p.contains("`name` >= X'61' AND `name` <= X'61017277' FOR SHARE SKIP LOCKED;"));
         assert!(p.contains("IN (X'61017277') FOR UPDATE SKIP LOCKED;"));
         assert!(p.ends_with(" ROLLBACK"));
         assert!(!mysql.rows_probe(b"a", b"b", &[]).contains("FOR UPDATE"));
-        let mariadb = Sql::new("t", "t_fence", true, true);
+        let mariadb = Sql::new("t", "t_fence", true, true, true);
         let p = mariadb.slots_probe(b"s\x01sem\x01", b"s\x01sem\x02");
         assert!(p.contains("`name` >= X'730173656D01' AND `name` < X'730173656D02' LOCK IN SHARE MODE SKIP LOCKED; ROLLBACK"));
         let p = mariadb.rw_probe(b"r\x01rw");
@@ -380,7 +420,7 @@ mod tests {
     #[test]
     fn term_lock_and_inspect_take_the_parameters_bound() {
         for values in [true, false] {
-            let sql = Sql::new("t", "t_fence", false, values);
+            let sql = Sql::new("t", "t_fence", false, values, values);
             // The row and the term, twice.
             assert_eq!(sql.term_lock.matches('?').count(), 4);
             // The row's user lock and the fencing row's name; the term's

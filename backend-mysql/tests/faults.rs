@@ -342,6 +342,21 @@ async fn tables_without_values_still_inspect(ctx: Ctx) {
     g.release().await.expect("release");
     let err = lockcore::Election::new(&l, &name).expect_err("no election without values");
     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    // Nor a lock-delay without its table.
+    assert_eq!(
+        l.capabilities().lock_delay,
+        lockcore::LockDelay::Unsupported
+    );
+    let err = l
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .lock_delay(Duration::from_secs(5))
+                .wait(Wait::Try),
+        )
+        .await
+        .expect_err("no lock-delay without its table");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     for t in [table.clone(), format!("{table}_fence")] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE `{t}`")))
             .execute(&mut sql)
@@ -527,6 +542,7 @@ async fn permit_counts_out_of_range_are_refused(ctx: Ctx) {
                 name: &name,
                 owner: lockcore::raw::OwnerToken::random(),
                 ttl: Duration::from_secs(10),
+                lock_delay: Duration::ZERO,
                 deadline: Deadline::Now,
                 lost: &lost,
                 value: None,
@@ -978,6 +994,112 @@ async fn stalled_holder_is_timed_out_by_server(ctx: Ctx) {
     g2.release().await.expect("release");
 }
 
+/// How many lock-delay records `name` has on the server.
+async fn delay_records(sql: &mut sqlx::MySqlConnection, table: &str, name: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM `{table}_delay` WHERE `name` = ?"
+    )))
+    .bind(name.as_bytes())
+    .fetch_one(&mut *sql)
+    .await
+    .expect("count the lock-delay records")
+}
+
+/// A holder with a lock-delay whose connection ends at once (`KILL`, as
+/// a dead process's socket): the row is free on the server at once (a
+/// plain `SELECT ... FOR UPDATE` gets it), but its record keeps every
+/// client of ours out until ttl + delay after its grant (no renewals);
+/// the next holder, without a lock-delay, gets a larger token and deletes
+/// the record. A clean release deletes its record before the row goes.
+async fn lock_delay_outlives_a_killed_connection(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let table = MysqlConfig::parse(&ctx.config).unwrap().table;
+    let backend = MysqlBackend::connect(MysqlConfig::parse(&ctx.config).unwrap())
+        .await
+        .unwrap();
+    let mut sql = admin(&ctx).await;
+    let name = ctx.name("delay/killed");
+    let (ttl, delay) = (Duration::from_secs(2), Duration::from_secs(3));
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .lock_delay(delay)
+        .renew(false)
+        .wait(Wait::Try);
+    let sent = Instant::now();
+    let g = a
+        .acquire(&name, &opts)
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert_eq!(delay_records(&mut sql, &table, &name).await, 1);
+    let id = backend
+        .holder_connection(&name)
+        .await
+        .expect("holder")
+        .expect("a holder is recorded");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+        .execute(&mut sql)
+        .await
+        .expect("KILL");
+    tokio::time::timeout(ttl + Duration::from_secs(3), g.lost())
+        .await
+        .expect("the killed holder's lost signal fires");
+    // The row itself is free: the record is ours to honour.
+    let mut plain = admin(&ctx).await;
+    let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "START TRANSACTION; SELECT 1 FROM `{table}` WHERE `name` = X'{}' FOR UPDATE; ROLLBACK",
+        name.bytes().map(|b| format!("{b:02X}")).collect::<String>()
+    )))
+    .fetch_all(&mut plain)
+    .await
+    .expect("a plain client locks the row");
+    assert_eq!(rows.len(), 1);
+    assert!(
+        b.try_lock(&name).await.expect("try").is_none(),
+        "granted during the lock-delay"
+    );
+    let g2 = b
+        .lock_timeout(&name, ttl + delay + Duration::from_secs(5))
+        .await
+        .expect("granted after the delay");
+    let granted = sent.elapsed();
+    assert!(
+        granted >= ttl + delay,
+        "granted {granted:?} after the first grant was sent, before ttl + delay"
+    );
+    assert!(
+        g2.fence() > g.fence(),
+        "{:?} then {:?}",
+        g.fence(),
+        g2.fence()
+    );
+    let t = Instant::now();
+    while delay_records(&mut sql, &table, &name).await > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the record of the unclean end stayed after the next grant"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    g2.release().await.expect("release");
+    let g3 = a
+        .acquire(&name, &opts)
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert_eq!(delay_records(&mut sql, &table, &name).await, 1);
+    g3.release().await.expect("release");
+    assert_eq!(
+        delay_records(&mut sql, &table, &name).await,
+        0,
+        "a clean release left its record"
+    );
+    let t = Instant::now();
+    let g4 = b.try_lock(&name).await.expect("try").expect("free at once");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    g4.release().await.expect("release");
+}
+
 /// The server's count of rows written (inserted or updated) by InnoDB.
 async fn rows_written(c: &mut sqlx::MySqlConnection) -> u64 {
     let mut n = 0;
@@ -1166,6 +1288,7 @@ fn main() -> std::process::ExitCode {
             first_lock_after_a_server_restart,
             dropped_guard_frees_row_promptly,
             stalled_holder_is_timed_out_by_server,
+            lock_delay_outlives_a_killed_connection,
         ),
     ])
 }

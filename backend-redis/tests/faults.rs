@@ -269,6 +269,7 @@ async fn redlock_tokens_are_never_reused(ctx: Ctx) {
                 name: &name,
                 owner,
                 ttl: Duration::from_secs(10),
+                lock_delay: Duration::ZERO,
                 deadline: Deadline::Now,
                 lost: &lost,
                 value: None,

@@ -19,7 +19,11 @@ impl Backend for ZkBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
+        // A lock-delay lengthens the session's timeout: the server ends a
+        // session, and deletes its nodes, `ttl + delay` after it last heard
+        // from it, while the holder counts `ttl`.
         Capabilities::new(Fencing::Strict, LeaseKind::Session)
+            .lock_delay(LockDelay::Server)
             .fair(true)
             .push_wakeup(true)
             .inspect(true)

@@ -125,6 +125,14 @@
 //! on the client's clock (renewal turned off and the ttl ran out) deletes
 //! its node, so the next waiter proceeds.
 //!
+//! **Lock-delay.** With [`LockOptions::lock_delay`](lockcore::LockOptions::lock_delay)
+//! the session's timeout is the ttl plus the delay while the holder counts
+//! the ttl: the server deletes the nodes of a holder that died or was cut
+//! off that long after it last heard from it, and every client of the
+//! ensemble (kazoo's, Curator's) waits for that ([`LockDelay::Server`](lockcore::LockDelay::Server)).
+//! A clean release deletes the node at once. The sum is bounded by the
+//! server's `maxSessionTimeout`, like a ttl.
+//!
 //! **Fencing.** The token is the lock node's creation zxid (`czxid`): zxids
 //! grow strictly across the whole ensemble and across leader elections, and
 //! unlike sequence numbers they do not restart when a reaped parent is

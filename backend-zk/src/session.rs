@@ -79,7 +79,7 @@ impl Session {
             return Err(Error::invalid_config(
                 NAME,
                 format!(
-                    "ttl {ttl:?} is above the session timeout the server grants ({:?}, its maxSessionTimeout): a ZooKeeper lease lives by its session, so use a ttl up to that",
+                    "ttl {ttl:?} (with the lock-delay, if any) is above the session timeout the server grants ({:?}, its maxSessionTimeout): a ZooKeeper lease lives by its session, so use a ttl and lock-delay that add up to that at most",
                     self.timeout
                 ),
             ));

@@ -730,6 +730,51 @@ async fn command_dies_with_distlock(ctx: Ctx) {
     g.release().await.unwrap();
 }
 
+/// `distlock run --lock-delay` killed with SIGKILL: the name stays taken
+/// for the delay beyond the dead holder's validity (which had not passed
+/// when it was killed), on the server; another client is granted no
+/// earlier than the delay after the kill, with a larger token.
+async fn lock_delay_outlives_a_killed_distlock(ctx: Ctx) {
+    assert_ne!(
+        ctx.caps.lock_delay,
+        distlock::LockDelay::Unsupported,
+        "every CLI target enforces a lock-delay"
+    );
+    let name = ctx.name("delay-killed");
+    let pidfile = scratch(&ctx, "pid-delay");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let (ttl, delay) = (Duration::from_secs(2), Duration::from_secs(4));
+    let mut child = distlock(&ctx)
+        .args(["run", "--ttl", "2s", "--lock-delay", "4s", &name, "--"])
+        .args(["sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let pid = pid_in(&pidfile).await;
+    let locker = ctx.locker().await;
+    let before = locker.inspect(&name).await.unwrap();
+    let killed = Instant::now();
+    signal(child.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
+    let _ = child.wait().await;
+    until_dead(pid, Duration::from_secs(2), "distlock was killed").await;
+    assert!(
+        locker.try_lock(&name).await.unwrap().is_none(),
+        "free right after the kill"
+    );
+    let g = locker
+        .lock_timeout(&name, ttl + delay + Duration::from_secs(10))
+        .await
+        .expect("the name is free after the ttl and the delay");
+    let after = killed.elapsed();
+    assert!(
+        after >= delay,
+        "granted {after:?} after the kill: within the lock-delay {delay:?}"
+    );
+    if let Some(old) = before.and_then(|i| i.holder).and_then(|h| h.fence) {
+        assert!(g.fence().expect("a token") > old, "tokens did not rise");
+    }
+    g.release().await.unwrap();
+}
+
 /// `distlock` stopped (SIGSTOP, as a stalled process) while its command
 /// runs: the command is killed by the lease's validity deadline, and once
 /// `distlock` goes on it reports the lost lease.
@@ -1931,7 +1976,7 @@ async fn run_all_and_lock_delay(ctx: Ctx) {
         .output()
         .await
         .unwrap();
-    if ctx.caps.lock_delay == distlock::LockDelay::Server {
+    if ctx.caps.lock_delay != distlock::LockDelay::Unsupported {
         assert_eq!(delay.status.code(), Some(0), "{delay:?}");
     } else {
         assert_eq!(delay.status.code(), Some(64), "{delay:?}");
@@ -2018,6 +2063,9 @@ fn main() -> std::process::ExitCode {
             })
             .case("command_dies_with_distlock", |c| {
                 Box::pin(command_dies_with_distlock(c))
+            })
+            .case("lock_delay_outlives_a_killed_distlock", |c| {
+                Box::pin(lock_delay_outlives_a_killed_distlock(c))
             })
             .case("stalled_distlock_stops_the_command", |c| {
                 Box::pin(stalled_distlock_stops_the_command(c))

@@ -70,6 +70,15 @@ pub enum LockDelay {
     /// holder counts `ttl` of validity, and a clean release deletes it at
     /// once. Every client of the server waits the delay out, ours or not.
     Server,
+    /// A record beside the lock on the server, which every client of this
+    /// library honours: a holder writes its deadline (`ttl + delay` after
+    /// each renewal) there and a clean release deletes it, and the next
+    /// holder waits out an unreleased predecessor's deadline before it is
+    /// granted. A holder that stalls keeps the lock itself on the server
+    /// for `ttl + delay`. Other clients of the server (a plain `SELECT ...
+    /// FOR UPDATE` on MySQL) do not read the record: they wait only while
+    /// the lock is held on the server.
+    Recorded,
     /// Not enforced: a lock-delay is refused with
     /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) (the
     /// lease is a session or a connection, which the server ends at once).

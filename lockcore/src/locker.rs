@@ -271,7 +271,7 @@ impl Locker {
             .with_name(name));
         }
         let delay = opts.get_lock_delay();
-        if !delay.is_zero() && caps.lock_delay != crate::capabilities::LockDelay::Server {
+        if !delay.is_zero() && caps.lock_delay == crate::capabilities::LockDelay::Unsupported {
             return Err(Error::invalid_config(
                 backend,
                 format!(
@@ -301,6 +301,7 @@ impl Locker {
             owner,
             // The server keeps the lease for the delay beyond its validity.
             ttl: opts.get_ttl() + delay,
+            lock_delay: delay,
             deadline,
             lost: &lost,
             value,

@@ -42,7 +42,7 @@ pub mod prelude {
         now, validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease,
         Deadline, Grant, Mode, OwnerToken, Released, Renewal,
     };
-    pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind};
+    pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind, LockDelay};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};
     pub use crate::error::{Error, ErrorKind, Result};
     pub use crate::info::{HolderInfo, Listing, LockInfo, Role};

@@ -121,8 +121,14 @@ pub struct AcquireRequest<'a> {
     pub name: &'a str,
     /// The new lease's owner token.
     pub owner: OwnerToken,
-    /// The lease's ttl.
+    /// The lease's ttl on the server: the holder's ttl plus the
+    /// lock-delay.
     pub ttl: Duration,
+    /// The lock-delay ([`LockOptions::lock_delay`](crate::LockOptions::lock_delay)),
+    /// already counted in `ttl`: zero without one. A backend that enforces
+    /// a lock-delay by a [record](crate::LockDelay::Recorded) writes one
+    /// only when it is set.
+    pub lock_delay: Duration,
     /// How long to wait when the name is held.
     pub deadline: Deadline,
     /// The lease's lost signal. A backend that learns by its own means that

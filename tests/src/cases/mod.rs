@@ -77,7 +77,7 @@ fn unless_proxy(c: &Ctx) -> Option<&'static str> {
 }
 
 fn unless_lock_delay(c: &Ctx) -> Option<&'static str> {
-    (c.caps.lock_delay != lockcore::LockDelay::Server)
+    (c.caps.lock_delay == lockcore::LockDelay::Unsupported)
         .then_some("the backend does not enforce a lock-delay")
 }
 
@@ -161,7 +161,7 @@ pub fn cases() -> Vec<Case> {
             unless_lock_delay
         ),
         case!(delay::lock_delay_refused_where_not_enforced, |c| {
-            (c.caps.lock_delay == lockcore::LockDelay::Server)
+            (c.caps.lock_delay != lockcore::LockDelay::Unsupported)
                 .then_some("the backend enforces a lock-delay")
         }),
         case!(delay::lock_all_in_opposite_orders_never_deadlocks),
