@@ -57,6 +57,17 @@ impl Backend for EtcdBackend {
         }
     }
 
+    /// Every name in one transaction, each on a lease of its own: see
+    /// `multi.rs`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call revokes the leases it chose (and the
+    /// keys go with them), in the background.
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest<'_>]) -> Result<AllOrNone> {
+        self.take_all(reqs).await
+    }
+
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.

@@ -105,6 +105,7 @@ mod core;
 mod error;
 mod keys;
 mod lease;
+mod multi;
 mod spare;
 mod wait;
 

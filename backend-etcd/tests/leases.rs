@@ -303,6 +303,71 @@ async fn spares_are_revoked_with_the_backend(ctx: Ctx) {
     );
 }
 
+/// A multi-name try of free names is one transaction: the store's
+/// revision moves by one, every name's token is that revision, and each
+/// name has a key on a lease of its own. Cycles after the first reuse the
+/// released leases: one put for all the names and a delete per name, no
+/// grant. A try over a set with a name held puts nothing.
+async fn multi_try_is_one_transaction(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let mut c = raw(&ctx).await;
+    let names = [
+        ctx.name("multi/a"),
+        ctx.name("multi/b"),
+        ctx.name("multi/c"),
+    ];
+    let revision = |c: &mut Client| {
+        let mut c = c.clone();
+        async move {
+            c.get("lockcore-test-revision", None)
+                .await
+                .expect("get")
+                .header()
+                .expect("header")
+                .revision()
+        }
+    };
+    let before = revision(&mut c).await;
+    let m = l
+        .try_lock_all(&names)
+        .await
+        .expect("try all")
+        .expect("free");
+    let after = revision(&mut c).await;
+    assert_eq!(after - before, 1, "not one transaction");
+    let mut leases = Vec::new();
+    for n in &names {
+        assert_eq!(m.fence(n), Some(after as u64), "{n}'s token");
+        leases.push(holder_lease(&mut c, n).await.expect("a key"));
+    }
+    leases.sort_unstable();
+    leases.dedup();
+    assert_eq!(leases.len(), names.len(), "the names share a lease");
+    m.release().await.expect("release");
+    let cycles = 10;
+    let before = proposals(&ctx).await;
+    for _ in 0..cycles {
+        l.try_lock_all(&names)
+            .await
+            .expect("try all")
+            .expect("free")
+            .release()
+            .await
+            .expect("release");
+    }
+    let writes = proposals(&ctx).await - before;
+    assert!(
+        writes <= (1 + 3) * cycles + 3,
+        "{writes} durable writes for {cycles} cycles of three names; 4 per cycle expected"
+    );
+    let other = ctx.harness.connect().await.expect("connect");
+    let held = other.try_lock(&names[1]).await.expect("try").expect("free");
+    let before = revision(&mut c).await;
+    assert!(l.try_lock_all(&names).await.expect("try all").is_none());
+    assert_eq!(revision(&mut c).await, before, "a refused try wrote");
+    held.release().await.expect("release");
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![own_cases!(
@@ -316,5 +381,6 @@ fn main() -> std::process::ExitCode {
         a_second_release_leaves_a_reused_lease_alone,
         failed_tries_keep_their_lease_spare,
         spares_are_revoked_with_the_backend,
+        multi_try_is_one_transaction,
     )])
 }

@@ -13,6 +13,7 @@ use crate::conn::Conn;
 use crate::error::{map_err, unconfirmed};
 use crate::lease::{release, RedisLease};
 use crate::managed::Managed;
+use crate::multi::take_all;
 use crate::scripts::{ttl_ms, Keys, ACQUIRE, FENCE_KEEP, INSPECT};
 use crate::wake::{wait_turn, Subscription, Wakeups};
 
@@ -221,6 +222,17 @@ impl Backend for RedisBackend {
             }
             wait_turn(&mut subs, value, req.deadline).await;
         }
+    }
+
+    /// Every name in one script where they are all on one server (one
+    /// instance, Sentinel's master): see `multi.rs`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call compare-and-deletes every key it may
+    /// have set, in the background.
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest<'_>]) -> Result<AllOrNone> {
+        take_all(&self.conn, &self.cfg, &self.server, reqs).await
     }
 
     /// The holder's token, its remaining ttl and the last fencing token

@@ -69,6 +69,7 @@ mod error;
 mod lease;
 mod link;
 mod managed;
+mod multi;
 mod redlock;
 mod scripts;
 mod sentinel;

@@ -42,6 +42,33 @@ return {0, redis.call('PTTL', KEYS[1])}",
     )
 });
 
+/// [`ACQUIRE`] for several names at once, all or none (keys: each name's
+/// lock key and fencing counter in turn; arguments: each name's owner
+/// token and ttl in turn, then [`FENCE_KEEP`]): when every lock key is
+/// free, sets them all and advances each counter, returning `{1, fence,
+/// fence, ...}`; otherwise sets nothing and returns `{0, i}`, `i` the first
+/// held name (1-based).
+pub(crate) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"local n = #KEYS / 2
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[2 * i - 1]) == 1 then
+    return {0, i}
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {1}
+for i = 1, n do
+  redis.call('SET', KEYS[2 * i - 1], ARGV[2 * i - 1], 'PX', ARGV[2 * i])
+  local fence = math.max((tonumber(redis.call('GET', KEYS[2 * i])) or 0) + 1, now)
+  redis.call('SET', KEYS[2 * i], string.format('%.0f', fence), 'PX', ARGV[2 * n + 1])
+  out[i + 1] = fence
+end
+return out",
+    )
+});
+
 /// `PEXPIRE` only if the key still holds this owner's token. 1 or 0.
 pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

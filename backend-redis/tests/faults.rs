@@ -785,6 +785,105 @@ async fn failed_acquire_script_leaves_no_key(ctx: Ctx) {
     assert_eq!(exists, 0, "the failed acquire left {lock} behind");
 }
 
+/// The calls of scripts the server has run so far.
+async fn script_calls(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A multi-name try on one instance is one script, taken or refused: the
+/// names are taken in one round trip when all are free (each with its own
+/// key, token and fencing token), and none is taken when one is held.
+async fn multi_try_is_one_script(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let mut c = admin(&ctx.config).await;
+    let names = [ctx.name("one/a"), ctx.name("one/b"), ctx.name("one/c")];
+    // The script loaded (a first call may be refused with NOSCRIPT).
+    a.try_lock_all(&[ctx.name("one/warm-1"), ctx.name("one/warm-2")])
+        .await
+        .expect("try all")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    let before = script_calls(&mut c).await;
+    let m = a
+        .try_lock_all(&names)
+        .await
+        .expect("try all")
+        .expect("free");
+    assert_eq!(
+        script_calls(&mut c).await - before,
+        1,
+        "a multi-name try of free names took more than one script"
+    );
+    for n in &names {
+        must_be_held_here(&b, n).await;
+    }
+    let before = script_calls(&mut c).await;
+    assert!(b.try_lock_all(&names).await.expect("try all").is_none());
+    assert_eq!(
+        script_calls(&mut c).await - before,
+        1,
+        "a refused multi-name try took more than one script"
+    );
+    m.release().await.expect("release");
+}
+
+/// A multi-name script that fails after it set some keys (a foreign value
+/// of another type where the second name's fencing counter lives) is an
+/// error and leaves no lock key of any name behind.
+async fn failed_multi_script_leaves_no_key(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let names = [ctx.name("multi-wrongtype/a"), ctx.name("multi-wrongtype/b")];
+    let locks: Vec<String> = names
+        .iter()
+        .map(|n| lockcore_redis::lock_key("lock:", n))
+        .collect();
+    let fence = format!("{}:fence", locks[1]);
+    let mut c = admin(&ctx.config).await;
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(&fence)
+        .arg("not a counter")
+        .query_async(&mut c)
+        .await
+        .expect("RPUSH");
+    let err = l
+        .try_lock_all(&names)
+        .await
+        .expect_err("the second counter is a list");
+    assert_eq!(err.kind(), lockcore::ErrorKind::Backend, "{err}");
+    let mut left: i64 = 1;
+    for _ in 0..100 {
+        left = redis::cmd("EXISTS")
+            .arg(&locks)
+            .query_async(&mut c)
+            .await
+            .expect("EXISTS");
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _: i64 = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    assert_eq!(
+        left, 0,
+        "the failed multi-name acquire left lock keys behind"
+    );
+}
+
 fn connect(url: String) -> ConnectFuture {
     Box::pin(async move { lockcore_redis::connect(&url).await })
 }
@@ -835,6 +934,8 @@ fn main() -> std::process::ExitCode {
             .only_own_cases(),
             pubsub_recovers_from_a_dead_connection,
             failed_acquire_script_leaves_no_key,
+            multi_try_is_one_script,
+            failed_multi_script_leaves_no_key,
             leader_term_outlives_the_counter,
             fence_counters_expire,
         ),

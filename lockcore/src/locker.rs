@@ -15,7 +15,7 @@ use crate::name::validate_name;
 use crate::options::{LockOptions, Wait};
 use crate::raw::held::Held;
 use crate::raw::watchdog::Watchdog;
-use crate::raw::{AcquireRequest, Backend, Deadline, Mode, OwnerToken};
+use crate::raw::{AcquireRequest, Backend, Deadline, Grant, Mode, OwnerToken};
 
 /// How long past its wait deadline a backend's acquire may run before it is
 /// dropped (and cleans up after itself). A backend gives up by the deadline
@@ -270,17 +270,8 @@ impl Locker {
             )
             .with_name(name));
         }
+        self.check_delay(name, opts)?;
         let delay = opts.get_lock_delay();
-        if !delay.is_zero() && caps.lock_delay == crate::capabilities::LockDelay::Unsupported {
-            return Err(Error::invalid_config(
-                backend,
-                format!(
-                    "this backend cannot enforce a lock-delay ({:?} leases end on the server at once)",
-                    caps.lease
-                ),
-            )
-            .with_name(name));
-        }
         let wait = opts.get_wait();
         let deadline = match wait {
             Wait::Try => Deadline::Now,
@@ -334,22 +325,70 @@ impl Locker {
                 .with_name(name)),
             };
         };
-        let top_up = Held::needs_top_up(&grant, opts.get_ttl(), delay);
+        self.guard(name, grant, lost, opts).await.map(Some)
+    }
+
+    /// Refuses a lock-delay the backend cannot enforce.
+    pub(crate) fn check_delay(&self, name: &str, opts: &LockOptions) -> Result<()> {
+        let caps = self.capabilities();
+        if !opts.get_lock_delay().is_zero()
+            && caps.lock_delay == crate::capabilities::LockDelay::Unsupported
+        {
+            return Err(Error::invalid_config(
+                self.backend.name(),
+                format!(
+                    "this backend cannot enforce a lock-delay ({:?} leases end on the server at once)",
+                    caps.lease
+                ),
+            )
+            .with_name(name));
+        }
+        Ok(())
+    }
+
+    /// The guard of `grant`, the lease of `name` acquired with `opts` and
+    /// `lost` as its lost signal: watched from now on.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a grant with a lock-delay that arrived with little
+    /// validity is renewed first; if this future is dropped then (or the
+    /// renewal fails) the guard is dropped, which releases the lease.
+    pub(crate) async fn guard(
+        &self,
+        name: &str,
+        grant: Grant,
+        lost: CancellationToken,
+        opts: &LockOptions,
+    ) -> Result<LockGuard> {
+        let (guard, top_up) = self.watch(name, grant, lost, opts);
+        if top_up {
+            // Renewed now, so that the guard counts a full ttl and nothing
+            // of the delay.
+            guard.extend_now().await?;
+        }
+        Ok(guard)
+    }
+
+    /// [`guard`](Locker::guard) without the renewal: the guard, and
+    /// whether it must be renewed before it is handed out.
+    pub(crate) fn watch(
+        &self,
+        name: &str,
+        grant: Grant,
+        lost: CancellationToken,
+        opts: &LockOptions,
+    ) -> (LockGuard, bool) {
+        let top_up = Held::needs_top_up(&grant, opts.get_ttl(), opts.get_lock_delay());
         let guard = LockGuard::new(Held::start(
             name.to_owned(),
-            backend,
+            self.backend.name(),
             grant,
             lost,
             opts,
             self.watchdog.clone(),
         ));
-        if top_up {
-            // Renewed now, so that the guard counts a full ttl and nothing
-            // of the delay; on failure (or if this future is dropped) the
-            // guard is dropped, which releases the lease.
-            guard.extend_now().await?;
-        }
-        Ok(Some(guard))
+        (guard, top_up)
     }
 
     /// What the backend can tell about `name`: holder and waiters, or

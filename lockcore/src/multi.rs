@@ -2,11 +2,24 @@
 
 use std::future::Future;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::locker::Locker;
+use crate::locker::{Locker, DEADLINE_GRACE};
 use crate::name::validate_name;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, Wait};
+use crate::raw::{AcquireRequest, AllOrNone, Deadline, Mode, OwnerToken};
+
+/// What the one-request path of a multi-acquire did.
+enum AtOnce {
+    /// Every name taken.
+    Taken(Vec<LockGuard>),
+    /// Some name held: none taken.
+    Held,
+    /// Not on this backend: nothing sent.
+    Unsupported,
+}
 
 /// Several held names: every lease of a
 /// [`Locker::acquire_all`](crate::Locker::acquire_all), in the order they
@@ -146,6 +159,15 @@ impl Locker {
             return Err(Error::invalid_config(backend, "no names to take"));
         }
         let began = std::time::Instant::now();
+        if sorted.len() > 1 {
+            // Every name in one request where the backend can: the
+            // uncontended path.
+            match self.take_all_at_once(&sorted, opts).await? {
+                AtOnce::Taken(guards) => return Ok(Some(MultiGuard { guards })),
+                AtOnce::Held if matches!(opts.get_wait(), Wait::Try) => return Ok(None),
+                AtOnce::Held | AtOnce::Unsupported => {}
+            }
+        }
         let mut guards = Vec::with_capacity(sorted.len());
         for name in sorted {
             match self.acquire(name, &opts.left_since(began)).await {
@@ -183,6 +205,82 @@ impl Locker {
             return Err(e);
         }
         Ok(Some(MultiGuard { guards }))
+    }
+
+    /// Every one of `names` (sorted, distinct) in one request to the
+    /// server, where the backend can
+    /// ([`Backend::try_acquire_all`](crate::raw::Backend::try_acquire_all)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the backend's request cleans up after itself, and the
+    /// guards, once made, release their leases when dropped.
+    async fn take_all_at_once(&self, names: &[&str], opts: &LockOptions) -> Result<AtOnce> {
+        let backend = self.backend().name();
+        if let Some(first) = names.first() {
+            self.check_delay(first, opts)?;
+        }
+        let delay = opts.get_lock_delay();
+        let losts: Vec<CancellationToken> =
+            names.iter().map(|_| CancellationToken::new()).collect();
+        let reqs: Vec<AcquireRequest<'_>> = names
+            .iter()
+            .zip(&losts)
+            .map(|(name, lost)| AcquireRequest {
+                name,
+                owner: OwnerToken::random(),
+                ttl: opts.get_ttl() + delay,
+                lock_delay: delay,
+                deadline: Deadline::Now,
+                lost,
+                value: None,
+                mode: Mode::Exclusive,
+            })
+            .collect();
+        let at = crate::raw::now() + DEADLINE_GRACE;
+        let outcome = tokio::time::timeout_at(at.into(), self.backend().try_acquire_all(&reqs))
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    backend,
+                    format!(
+                        "the server did not answer a request for {} names within {DEADLINE_GRACE:?}; it was dropped and cleans up after itself",
+                        names.len()
+                    ),
+                )
+            })??;
+        let grants = match outcome {
+            AllOrNone::Granted(grants) => grants,
+            AllOrNone::Held => return Ok(AtOnce::Held),
+            _ => return Ok(AtOnce::Unsupported),
+        };
+        let count = grants.len();
+        // Every lease watched (and so released if dropped) before any
+        // renewal is awaited.
+        let mut watched: Vec<(LockGuard, bool)> = names
+            .iter()
+            .zip(grants)
+            .zip(losts)
+            .map(|((name, grant), lost)| self.watch(name, grant, lost, opts))
+            .collect();
+        if count != names.len() {
+            release_all(watched.drain(..).map(|(g, _)| g).collect()).await;
+            return Err(Error::backend_error(
+                backend,
+                format!("{count} grants for {} names", names.len()),
+            ));
+        }
+        let mut guards = Vec::with_capacity(count);
+        for (guard, top_up) in watched {
+            if top_up {
+                if let Err(e) = guard.extend_now().await {
+                    release_all(guards).await;
+                    return Err(e);
+                }
+            }
+            guards.push(guard);
+        }
+        Ok(AtOnce::Taken(guards))
     }
 
     /// [`acquire_all`](Locker::acquire_all) with the default options:

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::capabilities::Capabilities;
 use crate::error::Result;
 use crate::info::{HolderInfo, Listing, LockInfo, Role};
-use crate::raw::lease::Grant;
+use crate::raw::lease::{AllOrNone, Grant};
 use crate::raw::request::AcquireRequest;
 
 /// A lock server, as the library sees it.
@@ -37,6 +37,27 @@ pub trait Backend: std::any::Any + Send + Sync + fmt::Debug {
     /// round trip, which may run in the background
     /// (see [`crate::cleanup`]).
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>>;
+
+    /// Takes every one of `reqs` in one request to the server, all or
+    /// none, without waiting: the uncontended path of
+    /// [`Locker::acquire_all`](crate::Locker::acquire_all). The requests
+    /// are exclusive locks of distinct names, in name order, without a
+    /// value, each with [`Deadline::Now`](crate::raw::Deadline::Now) and an
+    /// owner and lost signal of its own. [`AllOrNone::Granted`] has one
+    /// grant per request, in their order; [`AllOrNone::Held`] means some
+    /// name is held and nothing was taken. The default is
+    /// [`AllOrNone::Unsupported`]: the `Locker` then takes the names one by
+    /// one, which every backend can.
+    ///
+    /// # Cancel safety
+    ///
+    /// Implementations must be cancel safe as [`Backend::acquire`] is: a
+    /// dropped call leaves none of the names taken after at most one
+    /// cleanup round trip.
+    async fn try_acquire_all(&self, reqs: &[AcquireRequest<'_>]) -> Result<AllOrNone> {
+        let _ = reqs;
+        Ok(AllOrNone::Unsupported)
+    }
 
     /// What the server can tell about `name`, or `Ok(None)` when the backend
     /// cannot inspect.

@@ -21,6 +21,19 @@ pub struct Grant {
     pub valid_until: Instant,
 }
 
+/// The outcome of [`Backend::try_acquire_all`](crate::raw::Backend::try_acquire_all).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AllOrNone {
+    /// Every name taken: one grant per request, in their order.
+    Granted(Vec<Grant>),
+    /// Some name is held: none was taken.
+    Held,
+    /// The backend cannot take these names in one request (the default):
+    /// nothing was sent.
+    Unsupported,
+}
+
 /// The outcome of a renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {

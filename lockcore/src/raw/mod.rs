@@ -28,7 +28,7 @@ pub(crate) mod watchdog;
 
 pub use async_trait::async_trait;
 pub use backend::Backend;
-pub use lease::{BackendLease, Grant, Released, Renewal};
+pub use lease::{AllOrNone, BackendLease, Grant, Released, Renewal};
 pub use request::{AcquireRequest, Deadline, Mode, OwnerToken};
 pub use time::{now, validity_deadline, whole_seconds, within};
 
@@ -39,8 +39,8 @@ pub mod prelude {
     pub use tokio_util::sync::CancellationToken;
 
     pub use super::{
-        now, validity_deadline, whole_seconds, within, AcquireRequest, Backend, BackendLease,
-        Deadline, Grant, Mode, OwnerToken, Released, Renewal,
+        now, validity_deadline, whole_seconds, within, AcquireRequest, AllOrNone, Backend,
+        BackendLease, Deadline, Grant, Mode, OwnerToken, Released, Renewal,
     };
     pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind, LockDelay};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};

@@ -1,5 +1,4 @@
-//! Lock-delay and multi-name locks: the safety and the shape users of
-//! Chubby, Consul and Redisson rely on.
+//! Lock-delay: the safety users of Chubby and Consul rely on.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +6,6 @@ use lockcore::{ErrorKind, LockOptions, Wait};
 
 use super::{must_be_held, SLACK};
 use crate::Ctx;
-
 /// A holder that disappears without releasing (abandoned: no renewal, no
 /// release, as a dead process) keeps the name taken for its ttl plus the
 /// lock-delay, counted on the server: its own lost signal fires at the ttl,
@@ -145,56 +143,6 @@ pub async fn lock_delay_waited_grant_has_a_full_ttl(ctx: Ctx) {
     g.release().await.expect("release");
 }
 
-/// A multi-acquire whose early name is lost while a later one is awaited
-/// gives `Lost` and releases everything: all or none.
-pub async fn lock_all_lost_while_waiting_is_refused(ctx: Ctx) {
-    let (a, b, c) = (ctx.locker().await, ctx.locker().await, ctx.locker().await);
-    let (x, y) = (ctx.name("early/x"), ctx.name("early/y"));
-    let held = b.try_lock(&y).await.expect("try").expect("free");
-    let multi = tokio::spawn({
-        let (x, y) = (x.clone(), y.clone());
-        async move {
-            a.acquire_all(
-                &[&x, &y],
-                &LockOptions::new()
-                    .ttl(Duration::from_secs(1))
-                    .wait(Wait::For(Duration::from_secs(30))),
-            )
-            .await
-        }
-    });
-    // x is taken first (sorted), then y awaited.
-    let deadline = Instant::now() + SLACK;
-    loop {
-        match c.try_lock(&x).await.expect("try") {
-            None => break,
-            Some(g) => g.release().await.expect("release"),
-        }
-        assert!(Instant::now() < deadline, "x was never taken");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        ctx.harness.revoke(&x).await.expect("revoke"),
-        "x was not held"
-    );
-    // The multi-acquire's renewal of x (every third of its 1 s ttl) finds
-    // it gone before y is released.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    held.release().await.expect("release");
-    match multi.await.expect("task") {
-        Err(e) => assert_eq!(e.kind(), ErrorKind::Lost, "{e}"),
-        Ok(Some(g)) => panic!("granted with x lost (x held: {})", g.guards()[0].is_held()),
-        Ok(None) => panic!("no grant and no error"),
-    }
-    c.try_lock(&y)
-        .await
-        .expect("try")
-        .expect("y was released")
-        .release()
-        .await
-        .expect("release");
-}
-
 /// A backend that cannot enforce a lock-delay refuses it before asking the
 /// server, and takes nothing.
 pub async fn lock_delay_refused_where_not_enforced(ctx: Ctx) {
@@ -216,105 +164,4 @@ pub async fn lock_delay_refused_where_not_enforced(ctx: Ctx) {
         .release()
         .await
         .expect("release");
-}
-
-/// Two callers take overlapping sets of names in opposite orders, many
-/// times: neither deadlocks (each finishes within the bound), and while
-/// each holds its set, the server refuses every name of it to a third
-/// client.
-pub async fn lock_all_in_opposite_orders_never_deadlocks(ctx: Ctx) {
-    let names = [
-        ctx.name("multi/a"),
-        ctx.name("multi/b"),
-        ctx.name("multi/c"),
-    ];
-    let forward = vec![names[0].clone(), names[1].clone(), names[2].clone()];
-    let backward = vec![names[2].clone(), names[1].clone()];
-    let third = ctx.locker().await;
-    let mut tasks = Vec::new();
-    for set in [forward, backward] {
-        let l = ctx.locker().await;
-        let third = third.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..5 {
-                let g = l.lock_all(&set).await.expect("lock_all");
-                for n in &set {
-                    must_be_held(&third, n).await;
-                }
-                g.release().await.expect("release");
-            }
-        }));
-    }
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("a multi-locker deadlocked")
-            .expect("task");
-    }
-}
-
-/// All or none: a multi-acquire that finds one name held takes none
-/// (`try`), or gives up at its deadline and releases what it took
-/// (`Wait::For`); each name's token is exposed; a dropped multi-acquire
-/// leaves nothing held.
-pub async fn lock_all_is_all_or_none(ctx: Ctx) {
-    let (a, b) = (ctx.locker().await, ctx.locker().await);
-    let (x, y, z) = (ctx.name("all/x"), ctx.name("all/y"), ctx.name("all/z"));
-    let held = b.try_lock(&y).await.expect("try").expect("free");
-    assert!(a.try_lock_all(&[&x, &y, &z]).await.expect("try").is_none());
-    let err = a
-        .acquire_all(
-            &[&z, &y, &x],
-            &LockOptions::new().wait(Wait::For(Duration::from_millis(500))),
-        )
-        .await
-        .expect_err("y stays held");
-    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
-    // A dropped one, mid-wait.
-    let dropped = tokio::time::timeout(Duration::from_millis(300), a.lock_all(&[&x, &y, &z])).await;
-    assert!(dropped.is_err(), "y is held: the multi-lock cannot finish");
-    // Nothing of those attempts is held: x and z are free at once.
-    let c = ctx.locker().await;
-    let free = c
-        .acquire_all(&[&x, &z], &LockOptions::new().wait(Wait::For(SLACK)))
-        .await
-        .expect("x and z were released")
-        .expect("granted");
-    if ctx.caps.has_fencing() {
-        assert!(free.fence(&x).is_some() && free.fence(&z).is_some());
-    }
-    assert_eq!(free.names().collect::<Vec<_>>(), {
-        let mut v = vec![x.as_str(), z.as_str()];
-        v.sort_unstable();
-        v
-    });
-    free.release().await.expect("release");
-    held.release().await.expect("release");
-}
-
-/// The multi-guard's lost fires when any one of its leases is lost (one
-/// name revoked on the server), while the other names stay held.
-pub async fn lock_all_lost_when_any_lease_is(ctx: Ctx) {
-    let (a, b) = (ctx.locker().await, ctx.locker().await);
-    let (x, y) = (ctx.name("lost/x"), ctx.name("lost/y"));
-    let g = a
-        .acquire_all(
-            &[&x, &y],
-            &LockOptions::new()
-                .ttl(Duration::from_secs(1))
-                .wait(Wait::Try),
-        )
-        .await
-        .expect("acquire")
-        .expect("free");
-    assert!(
-        ctx.harness.revoke(&y).await.expect("revoke"),
-        "y was not held"
-    );
-    tokio::time::timeout(Duration::from_secs(1) + SLACK, g.lost())
-        .await
-        .expect("the multi-guard's lost fires when y is lost");
-    assert!(!g.is_held());
-    must_be_held(&b, &x).await;
-    let _ = g.release().await;
 }

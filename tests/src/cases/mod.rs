@@ -34,6 +34,7 @@ pub mod fencing;
 pub mod history;
 pub mod hold;
 pub mod lost;
+pub mod multi;
 pub mod names;
 pub mod owners;
 pub mod release;
@@ -164,10 +165,12 @@ pub fn cases() -> Vec<Case> {
             (c.caps.lock_delay != lockcore::LockDelay::Unsupported)
                 .then_some("the backend enforces a lock-delay")
         }),
-        case!(delay::lock_all_in_opposite_orders_never_deadlocks),
-        case!(delay::lock_all_is_all_or_none),
-        case!(delay::lock_all_lost_when_any_lease_is, unless_revoke),
-        case!(delay::lock_all_lost_while_waiting_is_refused, unless_revoke),
+        case!(multi::lock_all_in_opposite_orders_never_deadlocks),
+        case!(multi::lock_all_is_all_or_none),
+        case!(multi::lock_all_try_is_all_or_none),
+        case!(multi::lock_all_dropped_at_random_points),
+        case!(multi::lock_all_lost_when_any_lease_is, unless_revoke),
+        case!(multi::lock_all_lost_while_waiting_is_refused, unless_revoke),
         case!(semaphore::semaphore_never_more_than_n, unless_semaphore),
         case!(semaphore::semaphore_full_on_the_server, unless_semaphore),
         case!(
