@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Wait};
 
-use super::{must_be_held, SLACK};
+use super::{must_be_held, nothing_left, SLACK};
 use crate::Ctx;
 /// A holder that disappears without releasing (abandoned: no renewal, no
 /// release, as a dead process) keeps the name taken for its ttl plus the
@@ -65,6 +65,7 @@ pub async fn lock_delay_after_an_unclean_end(ctx: Ctx) {
         assert!(new > old, "tokens did not rise: {old} then {new}");
     }
     next.release().await.expect("release");
+    nothing_left(&ctx, &name, SLACK).await;
 }
 
 /// A clean release frees the name at once, whatever the lock-delay; and
@@ -164,4 +165,76 @@ pub async fn lock_delay_refused_where_not_enforced(ctx: Ctx) {
         .release()
         .await
         .expect("release");
+}
+
+/// A lock-delay holds for an election's leader and a semaphore's permit
+/// as for a lock: abandoned, the leadership (or the permit) is taken by no
+/// one before ttl + delay after its grant was sent. A backend may refuse a
+/// lock-delay for a semaphore in its own layout (`InvalidConfig`, as
+/// MySQL's rows do) but never grant early.
+pub async fn lock_delay_for_leaders_and_permits(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let (ttl, delay) = (Duration::from_secs(2), Duration::from_secs(3));
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .lock_delay(delay)
+        .wait(Wait::Try)
+        .renew(false);
+    let then = LockOptions::new().wait(Wait::For(ttl + delay + SLACK * 2));
+    if ctx.caps.values && ctx.caps.inspect {
+        let name = ctx.name("delay/leader");
+        let (ea, eb) = (
+            lockcore::Election::new(&a, &name).expect("election"),
+            lockcore::Election::new(&b, &name).expect("election"),
+        );
+        let sent = Instant::now();
+        let lead = ea
+            .campaign_with("first", &opts)
+            .await
+            .expect("campaign")
+            .expect("no leader yet");
+        lead.into_guard().abandon();
+        assert!(
+            eb.try_campaign("second").await.expect("try").is_none(),
+            "led at once after an unclean end"
+        );
+        let next = eb
+            .campaign_with("second", &then)
+            .await
+            .expect("campaign")
+            .expect("leads after the delay");
+        assert!(
+            sent.elapsed() >= ttl + delay,
+            "led {:?} after the first grant was sent, before ttl + delay",
+            sent.elapsed()
+        );
+        next.resign().await.expect("resign");
+    }
+    let name = ctx.name("delay/permit");
+    let (sa, sb) = (
+        lockcore::Semaphore::new(&a, &name, 1).expect("semaphore"),
+        lockcore::Semaphore::new(&b, &name, 1).expect("semaphore"),
+    );
+    let sent = Instant::now();
+    let permit = match sa.acquire(&opts).await {
+        Ok(p) => p.expect("a free permit"),
+        Err(e) if e.kind() == ErrorKind::InvalidConfig => return,
+        Err(e) => panic!("acquire: {e}"),
+    };
+    permit.into_guard().abandon();
+    assert!(
+        sb.try_acquire().await.expect("try").is_none(),
+        "a permit at once after an unclean end"
+    );
+    let next = sb
+        .acquire(&then)
+        .await
+        .expect("acquire")
+        .expect("a permit after the delay");
+    assert!(
+        sent.elapsed() >= ttl + delay,
+        "a permit {:?} after the first was sent, before ttl + delay",
+        sent.elapsed()
+    );
+    next.release().await.expect("release");
 }

@@ -161,6 +161,7 @@ pub fn cases() -> Vec<Case> {
             delay::lock_delay_waited_grant_has_a_full_ttl,
             unless_lock_delay
         ),
+        case!(delay::lock_delay_for_leaders_and_permits, unless_lock_delay),
         case!(delay::lock_delay_refused_where_not_enforced, |c| {
             (c.caps.lock_delay != lockcore::LockDelay::Unsupported)
                 .then_some("the backend enforces a lock-delay")
