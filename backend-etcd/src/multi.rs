@@ -13,6 +13,7 @@ use lockcore::raw::prelude::*;
 
 use crate::config::NAME;
 use crate::core::EtcdBackend;
+use crate::error::is_lease_not_found;
 use crate::keys::{header_rev, lease_id_of, range_of, OWNER_MARK};
 use crate::lease::{revoke, EtcdLease};
 use crate::spare::Spare;
@@ -142,14 +143,21 @@ impl EtcdBackend {
             .collect();
         let limit = limits.iter().copied().min().unwrap_or_default();
         let mut kv = self.inner.client.kv_client();
-        let resp = self
+        let resp = match self
             .request(
                 limit,
                 "creating the lock keys",
                 true,
                 kv.txn(Txn::new().when(free).and_then(puts)),
             )
-            .await?;
+            .await
+        {
+            Ok(resp) => resp,
+            // A spare lease had ended on the server: refused whole, nothing
+            // put; the names are taken one by one.
+            Err(e) if is_lease_not_found(&e) => return Ok(AllOrNone::Unsupported),
+            Err(e) => return Err(e),
+        };
         if !resp.succeeded() {
             // Nothing put: the fresh leases serve the next acquisitions.
             for ((cleanup, (&lease, req)), &valid_until) in

@@ -140,7 +140,7 @@ impl Backend for MysqlBackend {
                 };
                 let record = publish(&sh, &mut h, &row, wait, Some(fence)).await?;
                 match self
-                    .honour_delay(&mut h, &row, record, &owner, &req)
+                    .honour_delay(&mut h, &row, fence, record, &owner, &req)
                     .await?
                 {
                     Delayed::Refused => {
@@ -162,6 +162,9 @@ impl Backend for MysqlBackend {
                         "recording the lock-delay",
                     )
                     .await?;
+                    // The row still held once the record is written: a
+                    // holding connection lost before that grants nothing.
+                    self.prove_alive(&mut h).await?;
                 }
             } else {
                 self.prove_alive(&mut h).await?;

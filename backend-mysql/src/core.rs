@@ -190,8 +190,9 @@ async fn has_table(
     cfg: &MysqlConfig,
     server: &str,
 ) -> Result<bool> {
-    // Writes and deletes no row (`WHERE FALSE`), but is checked as an
-    // insert and a delete.
+    // Writes, deletes and reads no row (`WHERE FALSE`), but is checked as
+    // an insert (and for the lock-delays, a delete and a read: every fenced
+    // acquisition reads the table).
     let (what, without, sql) = match probe {
         Probe::Values(table) => (
             "looking for the table of leaders' values",
@@ -205,7 +206,7 @@ async fn has_table(
             "no table of lock-delays this account may write: no lock-delay",
             format!(
                 "INSERT INTO `{table}` (`name`, `until`, `owner`) SELECT '', UTC_TIMESTAMP(6), '' FROM DUAL WHERE FALSE; \
-                 DELETE FROM `{table}` WHERE FALSE"
+                 DELETE FROM `{table}` WHERE FALSE; SELECT 1 FROM `{table}` WHERE FALSE"
             ),
         ),
     };

@@ -11,59 +11,77 @@ use std::time::{Duration, Instant};
 
 use lockcore::raw::prelude::*;
 
+use crate::config::NAME;
 use crate::conn::{Holding, Shared};
 use crate::core::MysqlBackend;
 use crate::counter::Autocommit;
-use crate::publish::DelayRecord;
+use crate::publish::{publish, unpublish, DelayRecord};
 
 /// What an acquisition does after reading its predecessor's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Delayed {
     /// No record of another holder's, or its deadline had passed.
     No,
-    /// A deadline waited out; the holding transaction was proven alive by
-    /// a round trip sent at this instant, after it.
+    /// A deadline waited out; the holder published itself again by a
+    /// round trip sent at this instant, after it.
     Waited(Instant),
-    /// A deadline beyond the acquisition's own: it gives the row back.
+    /// A try found a deadline not yet passed: it gives the row back (its
+    /// user locks already let go of).
     Refused,
 }
 
 impl MysqlBackend {
-    /// A new holder of `row` (owner `owner`) honours `record`, read as it
-    /// published itself: a predecessor's deadline not yet passed is waited
-    /// out here, holding the row, with a keepalive every third of the
-    /// lease's ttl (the session's idle timeout follows it), unless it lies
-    /// beyond the acquisition's deadline. A holder without a lock-delay
-    /// deletes the predecessor's record afterwards (in the background).
+    /// A new holder of `row` (owner `owner`, token `fence`) honours
+    /// `record`, read as it published itself. A predecessor's deadline not
+    /// yet passed is waited out here, holding the row but unpublished (its
+    /// user locks let go of, so that inspection shows the name held with
+    /// no owner rather than this waiter as its holder), with a keepalive
+    /// every third of the lease's ttl (the session's idle timeout follows
+    /// it); then it publishes itself again, which reads the record again
+    /// (a predecessor's renewal still in flight may have moved it). A try
+    /// is refused at once; a wait whose deadline comes before the record's
+    /// (and a request's time to spare) fails with `Timeout` at once. A
+    /// holder without a lock-delay deletes the predecessor's record
+    /// afterwards (in the background).
     ///
     /// # Cancel safety
     ///
     /// As the acquisition: a dropped wait drops the holding connection,
-    /// which rolls back.
+    /// which rolls back and frees the user locks.
     pub(crate) async fn honour_delay(
         &self,
         h: &mut Holding,
         row: &str,
-        record: Option<DelayRecord>,
+        fence: u64,
+        mut record: Option<DelayRecord>,
         owner: &str,
         req: &AcquireRequest<'_>,
     ) -> Result<Delayed> {
-        let Some(record) = record.filter(|r| r.owner != owner) else {
-            return Ok(Delayed::No);
-        };
+        let sh = &self.shared;
         let mut delayed = Delayed::No;
-        if !record.left.is_zero() {
-            let until = Instant::now() + record.left;
-            let fits = match req.deadline {
-                Deadline::Now => false,
-                Deadline::At(t) => t >= until,
-                Deadline::Never => true,
-            };
-            if !fits {
-                tracing::debug!(name = row, left = ?record.left, "a lock-delay outlasts the acquisition's deadline");
-                return Ok(Delayed::Refused);
+        let mut seen = None;
+        while let Some(rec) = record.take().filter(|r| r.owner != owner) {
+            if rec.left.is_zero() {
+                seen = Some(rec);
+                break;
             }
-            tracing::info!(name = row, left = ?record.left, "waiting out the lock-delay of a holder that ended without releasing");
+            unpublish(sh, h).await?;
+            let until = Instant::now() + rec.left;
+            match req.deadline {
+                Deadline::Now => return Ok(Delayed::Refused),
+                Deadline::At(t) if t < until + sh.cfg.request_timeout => {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        NAME,
+                        format!(
+                            "a holder that ended without releasing keeps the name for its lock-delay, {:?} more: beyond this wait",
+                            rec.left
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+            tracing::info!(name = row, left = ?rec.left, "waiting out the lock-delay of a holder that ended without releasing");
             let every = (req.ttl / 3).max(Duration::from_millis(100));
             loop {
                 let now = Instant::now();
@@ -76,13 +94,14 @@ impl MysqlBackend {
                 }
             }
             let sent = Instant::now();
-            self.prove_alive(h).await?;
+            record = publish(sh, h, row, 0, Some(fence)).await?;
             delayed = Delayed::Waited(sent);
+            seen = Some(rec);
         }
-        if req.lock_delay.is_zero() {
+        if let Some(rec) = seen.filter(|_| req.lock_delay.is_zero()) {
             spawn_cleanup(
                 "delete a predecessor's lock-delay record",
-                clear(self.shared.clone(), row.to_owned(), record.owner),
+                clear(self.shared.clone(), row.to_owned(), rec.owner),
             );
         }
         Ok(delayed)

@@ -71,12 +71,16 @@ impl Renewing {
         if h.in_flight {
             return self.broken(&mut slot, "an earlier renewal was cut off mid-statement");
         }
+        // With a lock-delay, the record's deadline moves first, then the
+        // keepalive proves the row still held: the validity counts from the
+        // record's sending, so it never outlasts the record less the delay.
+        let sent = Instant::now();
+        self.keep_record(ttl).await?;
         // Cleared once the reply is read: a renewal dropped before that
         // (its task aborted) leaves the connection marked.
         h.in_flight = true;
         let secs = whole_seconds(ttl);
         let limit = self.shared.cfg.request_timeout.min(ttl);
-        let sent = Instant::now();
         let renewed = Renewal::Renewed {
             valid_until: validity_deadline(sent, ttl),
         };
@@ -91,7 +95,6 @@ impl Renewing {
             {
                 Ok(Ok(_)) => {
                     h.in_flight = false;
-                    self.keep_record(ttl).await?;
                     Ok(renewed)
                 }
                 Ok(Err(e)) | Err(e) => self.broken(&mut slot, &e.to_string()),
@@ -118,7 +121,6 @@ impl Renewing {
                     h.in_flight = false;
                     h.session_ttl = secs;
                 }
-                self.keep_record(ttl).await?;
                 Ok(renewed)
             }
             Ok(Err(e)) => self.broken(&mut slot, &e.to_string()),
@@ -129,7 +131,7 @@ impl Renewing {
 
 impl Renewing {
     /// With a lock-delay, moves the record's deadline to `ttl` (the
-    /// holder's ttl and delay) from now, after the keepalive proved the
+    /// holder's ttl and delay) from now, before the keepalive proves the
     /// row still held. A failure fails the renewal: the validity is not
     /// extended.
     async fn keep_record(&self, ttl: Duration) -> Result<()> {

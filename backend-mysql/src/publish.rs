@@ -90,6 +90,40 @@ pub(crate) async fn publish(
     }
 }
 
+/// Lets go of the user locks a new holder took in [`publish`] (it waits
+/// out a predecessor's lock-delay unpublished, so that inspection shows
+/// the name held with no owner then, not as its holder). One round trip on
+/// the holding connection, which also proves it alive.
+///
+/// # Cancel safety
+///
+/// As [`publish`].
+pub(crate) async fn unpublish(sh: &Shared, h: &mut Holding) -> Result<()> {
+    let keys: Vec<String> = h.user_lock.iter().chain(&h.term_lock).cloned().collect();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    if let Some(key) = keys.iter().find(|key| !is_user_lock_name(key)) {
+        return Err(Error::backend_error(
+            NAME,
+            format!("a user lock named {key:?} cannot be released"),
+        ));
+    }
+    let releases: Vec<String> = keys
+        .iter()
+        .map(|key| format!("RELEASE_LOCK('{key}')"))
+        .collect();
+    let what = "letting go of the holder's user lock (RELEASE_LOCK)";
+    let sql = format!("DO {}", releases.join(", "));
+    let fut = sqlx::raw_sql(AssertSqlSafe(sql)).execute(h.conn()?);
+    sh.answer(what, sh.cfg.request_timeout, false, fut)
+        .await?
+        .map_err(|e| map_err(e, what, &sh.server))?;
+    h.user_lock = None;
+    h.term_lock = None;
+    Ok(())
+}
+
 /// A lock-delay's record of a row: a holder with a lock-delay keeps its
 /// deadline there (see `counter.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -71,7 +71,8 @@ pub enum LockDelay {
     /// once. Every client of the server waits the delay out, ours or not.
     Server,
     /// A record beside the lock on the server, which every client of this
-    /// library honours: a holder writes its deadline (`ttl + delay` after
+    /// library that declares `Recorded` for the same server honours: a
+    /// holder writes its deadline (`ttl + delay` after
     /// each renewal) there and a clean release deletes it, and the next
     /// holder waits out an unreleased predecessor's deadline before it is
     /// granted. A holder that stalls keeps the lock itself on the server

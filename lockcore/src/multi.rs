@@ -4,7 +4,7 @@ use std::future::Future;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::locker::{Locker, DEADLINE_GRACE};
 use crate::name::validate_name;
@@ -237,18 +237,42 @@ impl Locker {
                 mode: Mode::Exclusive,
             })
             .collect();
-        let at = crate::raw::now() + DEADLINE_GRACE;
-        let outcome = tokio::time::timeout_at(at.into(), self.backend().try_acquire_all(&reqs))
-            .await
-            .map_err(|_| {
-                Error::unavailable(
+        // A try gets the Locker's grace for one request; a wait, its own
+        // deadline and the grace.
+        let wait = opts.get_wait();
+        let cap = match wait {
+            Wait::Try => Some(DEADLINE_GRACE),
+            Wait::For(d) => Some(d + DEADLINE_GRACE),
+            Wait::Forever => None,
+        };
+        let attempt = self.backend().try_acquire_all(&reqs);
+        let outcome = match cap {
+            Some(cap) => tokio::time::timeout(cap, attempt).await.unwrap_or_else(|_| {
+                Err(Error::unavailable(
                     backend,
                     format!(
-                        "the server did not answer a request for {} names within {DEADLINE_GRACE:?}; it was dropped and cleans up after itself",
+                        "the server did not answer a request for {} names within {cap:?}; it was dropped and cleans up after itself",
                         names.len()
                     ),
-                )
-            })??;
+                ))
+            }),
+            None => attempt.await,
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            // A wait rides out what one request could not (a failover, a
+            // slow server): the names one by one, each with its own
+            // retries. The request's own cleanup undoes what it may have
+            // taken.
+            Err(e)
+                if !matches!(wait, Wait::Try)
+                    && matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Indeterminate) =>
+            {
+                tracing::debug!(backend, error = %e, "taking the names one by one");
+                return Ok(AtOnce::Unsupported);
+            }
+            Err(e) => return Err(e),
+        };
         let grants = match outcome {
             AllOrNone::Granted(grants) => grants,
             AllOrNone::Held => return Ok(AtOnce::Held),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use lockcore::{ErrorKind, LockOptions, Wait};
 use rand::RngExt;
 
-use super::{acquire_within, must_be_held, must_try, nothing_left, opts, SLACK};
+use super::{acquire_within, must_be_held, must_try, nothing_left, opts, SLACK, TRY_BOUND};
 use crate::{Ctx, Dir, Proxies};
 
 /// A multi-acquire whose early name is lost while a later one is awaited
@@ -273,7 +273,7 @@ pub async fn lock_all_try_is_all_or_none(ctx: Ctx) {
         a.try_lock_all(&names).await.expect("try all").is_none(),
         "took a set with a held name"
     );
-    assert!(t.elapsed() < SLACK, "a try waited {:?}", t.elapsed());
+    assert!(t.elapsed() < TRY_BOUND, "a try waited {:?}", t.elapsed());
     for n in [&names[0], &names[2]] {
         must_try(&b, n).await.release().await.expect("release");
     }
