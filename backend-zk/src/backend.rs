@@ -61,7 +61,14 @@ impl Backend for ZkBackend {
             return Ok(None);
         };
         ours.cleanup.disarm();
-        let lease = ZkLease::new(session.clone(), parent, prefix, ours.path, req.lost.clone());
+        let lease = ZkLease::new(
+            session.clone(),
+            parent,
+            prefix,
+            ours.path,
+            req.lost.clone(),
+            req.lock_delay,
+        );
         Ok(Some(Grant {
             lease: Box::new(lease),
             fence: u64::try_from(ours.czxid).ok(),

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lockcore::raw::prelude::*;
 
@@ -29,6 +29,9 @@ pub(crate) struct ZkLease {
     path: String,
     flags: Arc<Flags>,
     task: tokio::task::AbortHandle,
+    /// The lock-delay, counted in every renewal's ttl: the holder's own ttl
+    /// is the rest.
+    delay: Duration,
 }
 
 impl fmt::Debug for ZkLease {
@@ -47,6 +50,7 @@ impl ZkLease {
         prefix: String,
         path: String,
         lost: CancellationToken,
+        delay: Duration,
     ) -> Self {
         let flags = Arc::new(Flags::default());
         let task = tokio::spawn(watch_lease(
@@ -63,6 +67,7 @@ impl ZkLease {
             path,
             flags,
             task,
+            delay,
         }
     }
 }
@@ -135,9 +140,11 @@ impl BackendLease for ZkLease {
         self.session.check_ttl(ttl)
     }
 
-    /// Checks that our node still exists on our live session. A `ttl` above
-    /// the session timeout is refused with `InvalidConfig` (the session
-    /// cannot be lengthened).
+    /// Proves our session alive, with one request shared by every lease
+    /// on the session renewing at the time ([`Session::prove_alive`]); our
+    /// node's deletion by anyone else is seen by its watch, which raises
+    /// lost. A `ttl` above the session timeout is refused with
+    /// `InvalidConfig` (the session cannot be lengthened).
     ///
     /// # Cancel safety
     ///
@@ -147,23 +154,17 @@ impl BackendLease for ZkLease {
             return Ok(Renewal::Lost);
         }
         BackendLease::check_ttl(self, ttl)?;
-        let sent = Instant::now();
-        let stat = self
-            .session
-            .call(|c| {
-                let path = self.path.as_str();
-                async move { c.check_stat(path).await }
-            })
-            .await;
-        match stat {
-            Ok(Some(stat)) if stat.ephemeral_owner == self.session.id => Ok(Renewal::Renewed {
+        // A proof sent up to a twentieth of the holder's ttl ago will do.
+        let max_age = ttl.saturating_sub(self.delay) / 20;
+        match self.session.prove_alive(max_age).await {
+            Ok(_) if self.flags.gone.load(Ordering::SeqCst) => Ok(Renewal::Lost),
+            Ok(sent) => Ok(Renewal::Renewed {
                 valid_until: self.session.valid_until(sent, ttl),
             }),
-            Ok(_) => Ok(Renewal::Lost),
             Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
             Err(e) => Err(map_err(
                 e,
-                format!("checking the lock node {}", self.path),
+                format!("checking the session of the lock node {}", self.path),
                 false,
             )),
         }

@@ -63,6 +63,9 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     state: zk::StateWatcher,
     monitor: AbortHandle,
+    /// When the latest request that proved the session alive was sent
+    /// (see [`Session::prove_alive`]); one proof at a time.
+    proof: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Drop for Session {
@@ -161,6 +164,7 @@ impl Session {
             id,
             state,
             monitor,
+            proof: tokio::sync::Mutex::new(None),
         }))
     }
 
@@ -194,6 +198,34 @@ impl Session {
     /// disconnected for about its timeout).
     pub(crate) fn is_dead(&self) -> bool {
         self.shared.dead.is_cancelled()
+    }
+
+    /// Proves the session alive for every lease on it at once, and returns
+    /// when the request that proved it was sent: one read of the root
+    /// (`exists`), shared by every renewal that asks while it is in flight
+    /// or up to `max_age` after it was sent (the caller counts its validity
+    /// from that send). The renewals of any number of leases on a session
+    /// cost one request per such window, not one per lease (a lease's node
+    /// is watched for the rest: see `lease.rs`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub(crate) async fn prove_alive(
+        &self,
+        max_age: Duration,
+    ) -> std::result::Result<Instant, zk::Error> {
+        let mut proof = self.proof.lock().await;
+        if let Some(sent) = *proof {
+            if sent + max_age >= Instant::now() {
+                return Ok(sent);
+            }
+        }
+        let sent = Instant::now();
+        self.call(|c| async move { c.check_stat("/").await.map(drop) })
+            .await?;
+        *proof = Some(sent);
+        Ok(sent)
     }
 
     /// Resolves when the session ends.

@@ -241,7 +241,14 @@ impl ZkBackend {
                     });
                 }
                 cleanup.disarm();
-                let lease = ZkLease::new(session.clone(), leases, prefix, path, req.lost.clone());
+                let lease = ZkLease::new(
+                    session.clone(),
+                    leases,
+                    prefix,
+                    path,
+                    req.lost.clone(),
+                    req.lock_delay,
+                );
                 return Ok(Some(Grant {
                     lease: Box::new(lease),
                     fence: u64::try_from(czxid).ok(),

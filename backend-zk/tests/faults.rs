@@ -186,6 +186,71 @@ async fn alive_connections(ctx: &Ctx) -> u64 {
         .expect("zk_num_alive_connections in mntr")
 }
 
+/// A count the server keeps (`mntr`), by its key.
+async fn mntr(ctx: &Ctx, key: &str) -> u64 {
+    let port: u16 = hosts(ctx)
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("one zk server");
+    let out = four_letters(port, b"mntr").await.expect("mntr");
+    out.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{key} in mntr"))
+}
+
+/// 300 locks held on one session, renewed every second for 4 s: the
+/// renewals cost about one request per session and renewal window, not
+/// one per lock (the server counts the packets it receives), and every
+/// lock stays held on the server.
+async fn renewals_cost_one_request_per_session(ctx: Ctx) {
+    let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
+        .await
+        .expect("connect");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .wait(lockcore::Wait::Try);
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        let g = l
+            .acquire(&ctx.name(&format!("many/{i}")), &opts)
+            .await
+            .expect("acquire")
+            .expect("free");
+        guards.push(g);
+    }
+    let before = mntr(&ctx, "zk_packets_received").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let packets = mntr(&ctx, "zk_packets_received").await - before;
+    eprintln!(
+        "FIGURES renewals_cost_one_request_per_session zk: packets_in_4s_for_300_locks={packets}"
+    );
+    // Per lock: 300 locks x 4 renewals = 1,200 requests. Shared: a few
+    // per second, with pings and other clients' requests.
+    assert!(
+        packets < 150,
+        "the server received {packets} packets in 4 s of renewals of 300 locks on one session"
+    );
+    assert!(guards.iter().all(lockcore::LockGuard::is_held));
+    let other = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
+        .await
+        .expect("connect");
+    for i in [0, 150, 299] {
+        assert!(
+            other
+                .try_lock(&ctx.name(&format!("many/{i}")))
+                .await
+                .expect("try")
+                .is_none(),
+            "lock {i} is not held on the server"
+        );
+    }
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}
+
 /// Locks with 20 different ttls, each taken and released: the backend does
 /// not keep a session (and a server connection) per ttl it ever saw. The
 /// server's own count of connections proves it.
@@ -1208,6 +1273,7 @@ fn main() -> std::process::ExitCode {
             session_expiry_under_holder_and_waiter,
             ttl_outside_server_bounds,
             sessions_do_not_pile_up,
+            renewals_cost_one_request_per_session,
             tries_on_a_silent_ensemble_end_together,
             a_release_cut_off_by_a_partition_frees_the_name,
             release_deletes_a_late_twin,
