@@ -32,6 +32,9 @@ pub(crate) mod code {
     pub(crate) const SERVER_SHUTDOWN: u16 = 1053;
     /// `ER_CON_COUNT_ERROR`: too many connections.
     pub(crate) const TOO_MANY_CONNECTIONS: u16 = 1040;
+    /// `ER_USER_LIMIT_REACHED`: the account's `max_user_connections` (or
+    /// another resource limit) is reached.
+    pub(crate) const USER_LIMIT_REACHED: u16 = 1226;
     /// `ER_PARSE_ERROR`: a statement the server does not know.
     pub(crate) const PARSE_ERROR: u16 = 1064;
     /// `ER_NO_SUCH_THREAD`: `KILL` of a session that is already gone.
@@ -58,14 +61,24 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
         sqlx::Error::Database(_) => match db_number(&e) {
             Some(code::ACCESS_DENIED | code::DB_ACCESS_DENIED) => ErrorKind::Unauthorized,
             Some(code::BAD_DB | code::NO_SUCH_TABLE) => ErrorKind::InvalidConfig,
-            Some(code::CONNECTION_KILLED | code::SERVER_SHUTDOWN | code::TOO_MANY_CONNECTIONS) => {
-                ErrorKind::Unavailable
-            }
+            Some(
+                code::CONNECTION_KILLED
+                | code::SERVER_SHUTDOWN
+                | code::TOO_MANY_CONNECTIONS
+                | code::USER_LIMIT_REACHED,
+            ) => ErrorKind::Unavailable,
             _ => ErrorKind::Backend,
         },
         _ => ErrorKind::Backend,
     };
+    let limit = matches!(
+        db_number(&e),
+        Some(code::TOO_MANY_CONNECTIONS | code::USER_LIMIT_REACHED)
+    );
     let hint = match kind {
+        ErrorKind::Unavailable if limit => {
+            "; the server lets this client open no more connections (its max_connections, or the account's max_user_connections): every lock held or awaited keeps a connection of its own, so that limit bounds how many locks one client holds at once"
+        }
         ErrorKind::Unavailable => "; is the server up and reachable?",
         ErrorKind::InvalidConfig => "; check the database and the table (ensure_schema creates it)",
         ErrorKind::Unauthorized => {

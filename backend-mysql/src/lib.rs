@@ -12,7 +12,9 @@
 //! ([`LockDelay::Recorded`](lockcore::LockDelay::Recorded)).
 //!
 //! How many locks one client can hold or await at once is bounded by the
-//! server's `max_connections` (151 by default), not by `pool_size`. The
+//! server's `max_connections` (151 by default) and the account's
+//! `max_user_connections`, not by `pool_size`: the acquisition that finds
+//! no connection left fails at once with `Unavailable`, naming the limit. The
 //! settings are in [`MysqlConfig`]; the tables, the statements, the round
 //! trips and the cancel safety are described in `docs/mysql.md` of the
 //! repository.

@@ -1131,6 +1131,51 @@ async fn lock_delay_outlives_a_killed_connection(ctx: Ctx) {
     g4.release().await.expect("release");
 }
 
+/// Holding more locks than the server lets this client connect (an
+/// account allowed 6 connections): the lock that finds no connection fails
+/// fast with an error that names the limit, never hangs; the locks held
+/// stay held, and once they are released the name is taken again.
+async fn more_locks_than_connections_fail_fast(ctx: Ctx) {
+    let url = ctx
+        .config
+        .replacen("lockcore:lockcore@", "lockcore_few:lockcore@", 1);
+    assert_ne!(url, ctx.config, "the URL names the lockcore user");
+    let l = lockcore_mysql::connect(&url).await.expect("connect");
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..10 {
+        let name = ctx.name(&format!("few/{i}"));
+        let t = Instant::now();
+        match l.try_lock(&name).await {
+            Ok(g) => held.push((name, g.expect("free"))),
+            Err(e) => {
+                refused = Some((e, t.elapsed()));
+                break;
+            }
+        }
+    }
+    let (err, took) = refused.expect("10 locks held on an account allowed 6 connections");
+    assert!(held.len() < 6, "{} locks held", held.len());
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("max_user_connections") && msg.contains("connection of its own"),
+        "the error does not name the limit: {msg}"
+    );
+    assert!(took < Duration::from_secs(5), "refused after {took:?}");
+    let other = ctx.locker().await;
+    for (name, g) in held {
+        assert!(other.try_lock(&name).await.expect("try").is_none());
+        g.release().await.expect("release");
+    }
+    let again = l
+        .try_lock(&ctx.name("few/0"))
+        .await
+        .expect("a connection is free again")
+        .expect("free");
+    again.release().await.expect("release");
+}
+
 /// The server's count of rows written (inserted or updated) by InnoDB.
 async fn rows_written(c: &mut sqlx::MySqlConnection) -> u64 {
     let mut n = 0;
@@ -1320,6 +1365,7 @@ fn main() -> std::process::ExitCode {
             dropped_guard_frees_row_promptly,
             stalled_holder_is_timed_out_by_server,
             lock_delay_outlives_a_killed_connection,
+            more_locks_than_connections_fail_fast,
         ),
     ])
 }

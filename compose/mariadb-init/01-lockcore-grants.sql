@@ -4,3 +4,6 @@ GRANT PROCESS, CONNECTION ADMIN ON *.* TO 'lockcore'@'%';
 -- A password with +, space, @ and %, for the URL-decoding tests.
 CREATE USER IF NOT EXISTS 'lockcore_plus'@'%' IDENTIFIED BY 'p+q r@s%t';
 GRANT ALL PRIVILEGES ON lockcore.* TO 'lockcore_plus'@'%';
+-- An account allowed 6 connections, for the test of the limit.
+CREATE USER IF NOT EXISTS 'lockcore_few'@'%' IDENTIFIED BY 'lockcore' WITH MAX_USER_CONNECTIONS 6;
+GRANT ALL PRIVILEGES ON lockcore.* TO 'lockcore_few'@'%';
