@@ -765,11 +765,25 @@ async fn failed_acquire_script_leaves_no_key(ctx: Ctx) {
     let err = l.try_lock(&name).await.expect_err("the counter is a list");
     assert_eq!(err.kind(), lockcore::ErrorKind::Backend, "{err}");
     // The undo runs in the background: give it a moment, bounded.
+    let exists = until_gone(&mut c, &[&lock]).await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    assert_eq!(exists, 0, "the failed acquire left {lock} behind");
+}
+
+/// How many of `keys` still exist once none does, or after 2 s.
+async fn until_gone<K: redis::ToRedisArgs + Send + Sync>(
+    c: &mut redis::aio::MultiplexedConnection,
+    keys: &[K],
+) -> i64 {
     let mut exists: i64 = 1;
     for _ in 0..100 {
         exists = redis::cmd("EXISTS")
-            .arg(&lock)
-            .query_async(&mut c)
+            .arg(keys)
+            .query_async(c)
             .await
             .expect("EXISTS");
         if exists == 0 {
@@ -777,12 +791,7 @@ async fn failed_acquire_script_leaves_no_key(ctx: Ctx) {
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let _: i64 = redis::cmd("DEL")
-        .arg(&fence)
-        .query_async(&mut c)
-        .await
-        .expect("DEL");
-    assert_eq!(exists, 0, "the failed acquire left {lock} behind");
+    exists
 }
 
 /// The calls of scripts the server has run so far.
@@ -861,18 +870,7 @@ async fn failed_multi_script_leaves_no_key(ctx: Ctx) {
         .await
         .expect_err("the second counter is a list");
     assert_eq!(err.kind(), lockcore::ErrorKind::Backend, "{err}");
-    let mut left: i64 = 1;
-    for _ in 0..100 {
-        left = redis::cmd("EXISTS")
-            .arg(&locks)
-            .query_async(&mut c)
-            .await
-            .expect("EXISTS");
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let left = until_gone(&mut c, &locks).await;
     let _: i64 = redis::cmd("DEL")
         .arg(&fence)
         .query_async(&mut c)

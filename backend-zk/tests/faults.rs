@@ -172,20 +172,6 @@ async fn four_letters(port: u16, cmd: &[u8]) -> Option<String> {
     Some(out)
 }
 
-/// The client connections the server counts (`mntr`).
-async fn alive_connections(ctx: &Ctx) -> u64 {
-    let port: u16 = hosts(ctx)
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("one zk server");
-    let out = four_letters(port, b"mntr").await.expect("mntr");
-    out.lines()
-        .find_map(|l| l.strip_prefix("zk_num_alive_connections"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("zk_num_alive_connections in mntr")
-}
-
 /// A count the server keeps (`mntr`), by its key.
 async fn mntr(ctx: &Ctx, key: &str) -> u64 {
     let port: u16 = hosts(ctx)
@@ -255,7 +241,7 @@ async fn renewals_cost_one_request_per_session(ctx: Ctx) {
 /// not keep a session (and a server connection) per ttl it ever saw. The
 /// server's own count of connections proves it.
 async fn sessions_do_not_pile_up(ctx: Ctx) {
-    let before = alive_connections(&ctx).await;
+    let before = mntr(&ctx, "zk_num_alive_connections").await;
     let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
         .await
         .expect("connect");
@@ -272,7 +258,7 @@ async fn sessions_do_not_pile_up(ctx: Ctx) {
     }
     // The server counts a closed connection at once; give it a moment.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let during = alive_connections(&ctx).await;
+    let during = mntr(&ctx, "zk_num_alive_connections").await;
     assert!(
         during <= before + 6,
         "the server counts {} more connections after 20 ttls were used (at most 6: the default session and a few recent idle ones)",
