@@ -18,6 +18,9 @@ struct Flags {
     released: AtomicBool,
     abandoned: AtomicBool,
     gone: AtomicBool,
+    /// The node's watch is not set, or fired and is not yet set again:
+    /// a renewal reads the node itself rather than trust the watch.
+    unwatched: AtomicBool,
 }
 
 /// One held lock: our node on our session.
@@ -52,7 +55,10 @@ impl ZkLease {
         lost: CancellationToken,
         delay: Duration,
     ) -> Self {
-        let flags = Arc::new(Flags::default());
+        let flags = Arc::new(Flags {
+            unwatched: AtomicBool::new(true),
+            ..Flags::default()
+        });
         let task = tokio::spawn(watch_lease(
             session.clone(),
             path.clone(),
@@ -68,6 +74,36 @@ impl ZkLease {
             flags,
             task,
             delay,
+        }
+    }
+}
+
+impl ZkLease {
+    /// A renewal that reads our node itself: it exists on our live session.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn read_node(&self, ttl: Duration) -> Result<Renewal> {
+        let sent = std::time::Instant::now();
+        let stat = self
+            .session
+            .call(|c| {
+                let path = self.path.as_str();
+                async move { c.check_stat(path).await }
+            })
+            .await;
+        match stat {
+            Ok(Some(stat)) if stat.ephemeral_owner == self.session.id => Ok(Renewal::Renewed {
+                valid_until: self.session.valid_until(sent, ttl),
+            }),
+            Ok(_) => Ok(Renewal::Lost),
+            Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
+            Err(e) => Err(map_err(
+                e,
+                format!("checking the lock node {}", self.path),
+                false,
+            )),
         }
     }
 }
@@ -89,7 +125,10 @@ async fn watch_lease(
             })
             .await;
         let watcher = match watched {
-            Ok((Some(_), w)) => Some(w),
+            Ok((Some(_), w)) => {
+                flags.unwatched.store(false, Ordering::SeqCst);
+                Some(w)
+            }
             Ok((None, _)) => {
                 flags.gone.store(true, Ordering::SeqCst);
                 if !flags.released.load(Ordering::SeqCst) {
@@ -113,7 +152,10 @@ async fn watch_lease(
         };
         let mut event = AbortOnDrop(tokio::spawn(watcher.changed()));
         tokio::select! {
-            _ = &mut event.0 => continue,
+            _ = &mut event.0 => {
+                flags.unwatched.store(true, Ordering::SeqCst);
+                continue;
+            }
             _ = session.dead() => {
                 lost.cancel();
                 return;
@@ -143,7 +185,9 @@ impl BackendLease for ZkLease {
     /// Proves our session alive, with one request shared by every lease
     /// on the session renewing at the time ([`Session::prove_alive`]); our
     /// node's deletion by anyone else is seen by its watch, which raises
-    /// lost. A `ttl` above the session timeout is refused with
+    /// lost. While the watch is not set (before it is first set, or after
+    /// it fired and until it is set again), the renewal reads our node
+    /// itself. A `ttl` above the session timeout is refused with
     /// `InvalidConfig` (the session cannot be lengthened).
     ///
     /// # Cancel safety
@@ -154,10 +198,17 @@ impl BackendLease for ZkLease {
             return Ok(Renewal::Lost);
         }
         BackendLease::check_ttl(self, ttl)?;
+        if self.flags.unwatched.load(Ordering::SeqCst) {
+            return self.read_node(ttl).await;
+        }
         // A proof sent up to a twentieth of the holder's ttl ago will do.
         let max_age = ttl.saturating_sub(self.delay) / 20;
         match self.session.prove_alive(max_age).await {
-            Ok(_) if self.flags.gone.load(Ordering::SeqCst) => Ok(Renewal::Lost),
+            Ok(_) if self.flags.gone.load(Ordering::SeqCst) || self.session.is_dead() => {
+                Ok(Renewal::Lost)
+            }
+            // The watch fired meanwhile: read the node.
+            Ok(_) if self.flags.unwatched.load(Ordering::SeqCst) => self.read_node(ttl).await,
             Ok(sent) => Ok(Renewal::Renewed {
                 valid_until: self.session.valid_until(sent, ttl),
             }),

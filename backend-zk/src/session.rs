@@ -202,9 +202,9 @@ impl Session {
 
     /// Proves the session alive for every lease on it at once, and returns
     /// when the request that proved it was sent: one read of the root
-    /// (`exists`), shared by every renewal that asks while it is in flight
-    /// or up to `max_age` after it was sent (the caller counts its validity
-    /// from that send). The renewals of any number of leases on a session
+    /// (`exists`), shared by every renewal that asks before it is sent,
+    /// while it is in flight, or up to `max_age` after it was sent (the
+    /// caller counts its validity from that send). The renewals of any number of leases on a session
     /// cost one request per such window, not one per lease (a lease's node
     /// is watched for the rest: see `lease.rs`).
     ///
@@ -215,9 +215,16 @@ impl Session {
         &self,
         max_age: Duration,
     ) -> std::result::Result<Instant, zk::Error> {
+        // Asked now: a proof sent before, or up to `max_age` after, serves
+        // (one in flight while this waited included), so renewals waiting
+        // behind a slow request never send one each in turn.
+        let asked = Instant::now();
         let mut proof = self.proof.lock().await;
+        if self.is_dead() {
+            return Err(zk::Error::SessionExpired);
+        }
         if let Some(sent) = *proof {
-            if sent + max_age >= Instant::now() {
+            if sent + max_age >= asked {
                 return Ok(sent);
             }
         }

@@ -237,6 +237,51 @@ async fn renewals_cost_one_request_per_session(ctx: Ctx) {
     }
 }
 
+/// 60 locks held on one session while every request of the client takes
+/// 150 ms each way (through a proxy; a round trip longer than the 150 ms a
+/// shared proof serves): renewals that wait behind a slow
+/// proof share it rather than send one each in turn, so every lock stays
+/// held, on the server too, for 6 s (two ttls).
+async fn shared_renewals_outlast_a_slow_server(ctx: Ctx) {
+    let proxies = Proxies::new();
+    let routed = proxies
+        .route_url(&format!("zk://{}{CHROOT}", hosts(&ctx)), 2181)
+        .await
+        .expect("a proxy");
+    let l = lockcore_zk::connect(&routed).await.expect("connect");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .wait(lockcore::Wait::Try);
+    let mut guards = Vec::new();
+    for i in 0..60 {
+        let g = l
+            .acquire(&ctx.name(&format!("slow/{i}")), &opts)
+            .await
+            .expect("acquire")
+            .expect("free");
+        guards.push(g);
+    }
+    proxies.delay(Dir::Both, Duration::from_millis(150));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    proxies.delay(Dir::Both, Duration::ZERO);
+    assert_eq!(lost, 0, "{lost} of 60 locks lost behind a slow server");
+    let other = ctx.locker().await;
+    for i in [0, 30, 59] {
+        assert!(
+            other
+                .try_lock(&ctx.name(&format!("slow/{i}")))
+                .await
+                .expect("try")
+                .is_none(),
+            "lock {i} is not held on the server"
+        );
+    }
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}
+
 /// Locks with 20 different ttls, each taken and released: the backend does
 /// not keep a session (and a server connection) per ttl it ever saw. The
 /// server's own count of connections proves it.
@@ -1260,6 +1305,7 @@ fn main() -> std::process::ExitCode {
             ttl_outside_server_bounds,
             sessions_do_not_pile_up,
             renewals_cost_one_request_per_session,
+            shared_renewals_outlast_a_slow_server,
             tries_on_a_silent_ensemble_end_together,
             a_release_cut_off_by_a_partition_frees_the_name,
             release_deletes_a_late_twin,
