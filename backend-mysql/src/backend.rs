@@ -138,7 +138,7 @@ impl Backend for MysqlBackend {
                     Deadline::At(t) if t <= Instant::now() + Duration::from_secs(1) => 0,
                     _ => 1,
                 };
-                let record = publish(&sh, &mut h, &row, wait, Some(fence)).await?;
+                let record = publish(&sh, &mut h, &row, wait, Some(fence), &owner).await?;
                 match self
                     .honour_delay(&mut h, &row, fence, record, &owner, &req)
                     .await?

@@ -94,7 +94,7 @@ impl MysqlBackend {
                 }
             }
             let sent = Instant::now();
-            record = publish(sh, h, row, 0, Some(fence)).await?;
+            record = publish(sh, h, row, 0, Some(fence), owner).await?;
             delayed = Delayed::Waited(sent);
             seen = Some(rec);
         }

@@ -35,6 +35,9 @@ pub(crate) mod code {
     /// `ER_USER_LIMIT_REACHED`: the account's `max_user_connections` (or
     /// another resource limit) is reached.
     pub(crate) const USER_LIMIT_REACHED: u16 = 1226;
+    /// `ER_TOO_MANY_USER_CONNECTIONS`: the server-wide
+    /// `max_user_connections` is reached.
+    pub(crate) const TOO_MANY_USER_CONNECTIONS: u16 = 1203;
     /// `ER_PARSE_ERROR`: a statement the server does not know.
     pub(crate) const PARSE_ERROR: u16 = 1064;
     /// `ER_NO_SUCH_THREAD`: `KILL` of a session that is already gone.
@@ -65,16 +68,20 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
                 code::CONNECTION_KILLED
                 | code::SERVER_SHUTDOWN
                 | code::TOO_MANY_CONNECTIONS
+                | code::TOO_MANY_USER_CONNECTIONS
                 | code::USER_LIMIT_REACHED,
             ) => ErrorKind::Unavailable,
             _ => ErrorKind::Backend,
         },
         _ => ErrorKind::Backend,
     };
-    let limit = matches!(
-        db_number(&e),
-        Some(code::TOO_MANY_CONNECTIONS | code::USER_LIMIT_REACHED)
-    );
+    // 1226 also reports an account's hourly limits: only its
+    // max_user_connections is about connections.
+    let limit = match db_number(&e) {
+        Some(code::TOO_MANY_CONNECTIONS | code::TOO_MANY_USER_CONNECTIONS) => true,
+        Some(code::USER_LIMIT_REACHED) => e.to_string().contains("max_user_connections"),
+        _ => false,
+    };
     let hint = match kind {
         ErrorKind::Unavailable if limit => {
             "; the server lets this client open no more connections (its max_connections, or the account's max_user_connections): every lock held or awaited keeps a connection of its own, so that limit bounds how many locks one client holds at once"

@@ -87,7 +87,8 @@ impl Renewing {
         if self.publish && h.user_lock.is_none() && secs == h.session_ttl {
             // Unpublished (another session held the user lock): try again,
             // without waiting; the round trip is the keepalive.
-            let publishing = publish(&self.shared, h, &self.name, 0, None);
+            let owner = self.delay_owner.as_deref().unwrap_or_default();
+            let publishing = publish(&self.shared, h, &self.name, 0, None, owner);
             return match self
                 .shared
                 .answer(KEEPALIVE, limit, false, publishing)

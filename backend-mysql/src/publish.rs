@@ -54,18 +54,23 @@ pub(crate) async fn publish(
     row: &str,
     wait: u64,
     term: Option<u64>,
+    owner: &str,
 ) -> Result<Option<DelayRecord>> {
     let what = "publishing the holder (GET_LOCK)";
     let limit = sh.cfg.request_timeout + Duration::from_secs(wait);
-    let mut asking = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()))
-        .bind(row.as_bytes())
-        .bind(wait)
-        .bind(row.as_bytes());
+    let mut asking = sqlx::query(AssertSqlSafe(sh.sql.publish.clone()));
+    if sh.delays {
+        asking = asking.bind(row.as_bytes()).bind(owner);
+    }
+    asking = asking.bind(row.as_bytes()).bind(wait).bind(row.as_bytes());
     if sh.delays {
         asking = asking.bind(row.as_bytes()).bind(row.as_bytes());
     }
     let (user_lock, record) = get_user_lock(sh, h, asking, what, limit).await?;
     match user_lock {
+        // Another owner's lock-delay runs: the caller waits it out
+        // unpublished (see `delay.rs`).
+        UserLock::Deferred => Ok(record),
         UserLock::Ours(key) => {
             h.user_lock = Some(key);
             Ok(record)
@@ -142,6 +147,8 @@ enum UserLock {
     Ours(String),
     /// Another session holds it.
     Another(String),
+    /// Not asked for: another owner's lock-delay runs.
+    Deferred,
 }
 
 /// Sends `asking` (a `GET_LOCK` and the lock's name) on the holding
@@ -184,6 +191,7 @@ async fn get_user_lock(
         None
     };
     let user_lock = match taken {
+        Some(-1) => UserLock::Deferred,
         Some(1) if is_user_lock_name(&key) => UserLock::Ours(key),
         Some(1) => {
             return Err(Error::backend_error(
@@ -215,6 +223,7 @@ async fn publish_term(sh: &Shared, h: &mut Holding, row: &str, fence: u64) -> Re
         .bind(row.as_bytes())
         .bind(fence);
     match get_user_lock(sh, h, asking, what, limit).await?.0 {
+        UserLock::Deferred => Ok(()),
         UserLock::Ours(key) => {
             h.term_lock = Some(key);
             Ok(())

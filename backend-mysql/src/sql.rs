@@ -68,7 +68,9 @@ pub(crate) struct Sql {
     /// make a temporary table of it each time); then, where the table of
     /// lock-delays exists, the row's lock-delay record: the microseconds
     /// left until its deadline (at the statement's start) and its owner,
-    /// the row bound twice more.
+    /// the row bound twice more. With that table, the row and the holder's
+    /// owner are bound first: while another owner's deadline runs, no user
+    /// lock is taken (the first column is -1).
     pub(crate) publish: Arc<str>,
     /// A holder with a lock-delay records its deadline: the row, the
     /// microseconds from now (the server's UTC clock), the owner.
@@ -200,8 +202,10 @@ impl Sql {
             )
             .into(),
             publish: if delays {
+                // No user lock while another owner's lock-delay runs (the
+                // row bound, then the owner, first): -1.
                 format!(
-                    "SELECT CAST(GET_LOCK({user_lock}, ?) AS SIGNED), {user_lock}, \
+                    "SELECT CAST(IF(EXISTS(SELECT 1 FROM `{delay}` WHERE `name` = ? AND `owner` <> ? AND `until` > UTC_TIMESTAMP(6)), -1, GET_LOCK({user_lock}, ?)) AS SIGNED), {user_lock}, \
                      (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), `until`) AS SIGNED) FROM `{delay}` WHERE `name` = ?), \
                      (SELECT `owner` FROM `{delay}` WHERE `name` = ?)"
                 )

@@ -5,5 +5,6 @@ GRANT PROCESS, CONNECTION ADMIN ON *.* TO 'lockcore'@'%';
 CREATE USER IF NOT EXISTS 'lockcore_plus'@'%' IDENTIFIED BY 'p+q r@s%t';
 GRANT ALL PRIVILEGES ON lockcore.* TO 'lockcore_plus'@'%';
 -- An account allowed 6 connections, for the test of the limit.
-CREATE USER IF NOT EXISTS 'lockcore_few'@'%' IDENTIFIED BY 'lockcore' WITH MAX_USER_CONNECTIONS 6;
+CREATE USER IF NOT EXISTS 'lockcore_few'@'%' IDENTIFIED BY 'lockcore';
+ALTER USER 'lockcore_few'@'%' WITH MAX_USER_CONNECTIONS 6;
 GRANT ALL PRIVILEGES ON lockcore.* TO 'lockcore_few'@'%';
