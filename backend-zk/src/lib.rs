@@ -155,6 +155,7 @@ mod backend;
 pub mod config;
 mod core;
 mod error;
+mod expire;
 mod lease;
 mod listing;
 mod nodes;
