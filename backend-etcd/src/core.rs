@@ -13,6 +13,8 @@ use lockcore::raw::prelude::*;
 
 use crate::config::{EtcdConfig, NAME};
 use crate::error::map_err;
+use crate::keepalive::KeepAlives;
+use crate::keycheck::KeyChecks;
 use crate::spare::SpareLeases;
 
 /// An etcd lock backend. Cheap to clone (clones share the connection).
@@ -33,6 +35,10 @@ pub(crate) struct Inner {
     pub(crate) servers: String,
     pub(crate) counters: Arc<EtcdCounters>,
     pub(crate) spares: SpareLeases,
+    /// The one keep-alive stream of every lease.
+    pub(crate) keepalives: KeepAlives,
+    /// Renewals' reads of their keys, batched.
+    pub(crate) keychecks: KeyChecks,
 }
 
 /// The live counters of one backend, for tests and monitoring: a handle
@@ -154,8 +160,12 @@ impl EtcdBackend {
                     ))
                 }
             };
+        let keepalives = KeepAlives::new(client.clone(), servers.clone());
+        let keychecks = KeyChecks::new(client.clone(), servers.clone(), cfg.request_timeout);
         let backend = EtcdBackend {
             inner: Arc::new(Inner {
+                keepalives,
+                keychecks,
                 client,
                 prefix: cfg.prefix.clone(),
                 request_timeout: cfg.request_timeout,

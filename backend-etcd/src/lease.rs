@@ -7,26 +7,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lockcore::raw::prelude::*;
 use lockcore::raw::retry::Backoff;
 use lockcore::raw::sync::lock;
 
 use crate::config::NAME;
 use crate::core::EtcdBackend;
-use crate::error::{is_transient, map_err};
+use crate::error::is_transient;
 use crate::spare::Spare;
 
 impl EtcdBackend {
-    /// One keepalive of `lease`: `Ok(true)` renewed, `Ok(false)` the lease is
-    /// gone (the server answered ttl 0).
+    /// One keepalive of `lease` on the backend's shared stream: `Ok(true)`
+    /// renewed, `Ok(false)` the lease is gone (the server answered ttl 0).
     pub(crate) async fn keep_alive_once(&self, lease: i64, limit: Duration) -> Result<bool> {
-        let mut lc = self.inner.client.lease_client();
-        match tokio::time::timeout(limit, lc.keep_alive(lease)).await {
-            // Dropping the keeper and its stream ends that keepalive stream.
-            Ok(Ok(_)) => Ok(true),
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
-            Ok(Err(e)) => Err(map_err(e, "renewing the lease", &self.inner.servers, false)),
+        match tokio::time::timeout(limit, self.inner.keepalives.renew(lease, limit)).await {
+            Ok(r) => r,
             Err(_) => Err(Error::unavailable(
                 NAME,
                 format!(
@@ -117,24 +113,25 @@ impl BackendLease for EtcdLease {
         let b = &self.backend;
         let limit = b.op_timeout(self.ttl);
         let sent = Instant::now();
-        let mut kv = b.inner.client.kv_client();
-        let (alive, read) = tokio::join!(
-            b.keep_alive_once(self.lease, limit),
-            b.request(
-                limit,
-                "reading the lock key",
-                false,
-                kv.get(self.key.clone(), Some(GetOptions::new().with_keys_only()))
-            )
-        );
+        let read = async {
+            match tokio::time::timeout(limit, b.inner.keychecks.still_there(&self.key, self.rev))
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(Error::unavailable(
+                    NAME,
+                    format!(
+                        "reading the lock key on {}: no answer within {limit:?}",
+                        b.inner.servers
+                    ),
+                )),
+            }
+        };
+        let (alive, still) = tokio::join!(b.keep_alive_once(self.lease, limit), read);
         if !alive? {
             return Ok(Renewal::Lost);
         }
-        let still = read?
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.create_revision() == self.rev);
-        if !still {
+        if !still? {
             return Ok(Renewal::Lost);
         }
         let valid_until = validity_deadline(sent, ttl);

@@ -39,7 +39,19 @@
 //! minimum, about 1.5 × the election timeout, which only lengthens how long
 //! a dead holder's key lives). While the acquisition waits, the waiting
 //! future renews its lease at ttl/3; once granted, the guard's watchdog
-//! renews it at ttl/3 with one keepalive and one read of the key. The lost
+//! renews it at ttl/3 with one keepalive and one read of the key. The
+//! keepalives of a backend go on 16 long-lived `LeaseKeepAlive` streams
+//! (a lease always on the same one), which carry any lease's id and answer
+//! each in order, as Go's `clientv3.Lease` does on one; the server handles
+//! a stream's requests one after another, so under a heavy write load one
+//! stream would fall behind thousands of renewals a second. The key reads
+//! asked within 25 ms go to the server together, up to 64 in one read-only
+//! transaction. So holding thousands of locks costs 16 streams, a small
+//! message per lease and renewal, and a few requests a second, not a
+//! stream set-up and reset per renewal. A stream that fails, or leaves a
+//! renewal unanswered for the renewal's request timeout, is dropped and its
+//! waiting renewals fail (and are retried, as any failed renewal, while the
+//! validity lasts). The lost
 //! signal fires when a keepalive answers ttl 0, when the key is gone, or when
 //! the validity deadline (send time of the last successful renewal + ttl,
 //! less the drift allowance of `lockcore::raw::validity_deadline`)
@@ -69,7 +81,8 @@
 //! whose renewal fails beside the put is revoked, and
 //! the acquisition starts again on a new one.
 //!
-//! A lease per lock rather than one per handle: lockcore's ttl is chosen per
+//! A lease per lock rather than one per handle (as `concurrency.Session`
+//! shares one among its mutexes): lockcore's ttl is chosen per
 //! acquisition, locks without renewal must end after their own ttl, two
 //! owners on one handle must get distinct keys (the key holds the lease id),
 //! and [`abandon`](lockcore::LockGuard::abandon) must let exactly one lock's
@@ -103,6 +116,8 @@ mod backend;
 pub mod config;
 mod core;
 mod error;
+mod keepalive;
+mod keycheck;
 mod keys;
 mod lease;
 mod multi;

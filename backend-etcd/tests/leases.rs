@@ -1,8 +1,10 @@
 //! Lease recycling, checked on the server: a lock cycle costs two durable
 //! writes (counted by the server's `etcd_server_proposals_committed_total`),
 //! a cleanly released lease serves the next acquisition with the same ttl,
-//! and abandoned, lost or differently sized leases are never reused. One
-//! case at a time, since the write count is the whole server's.
+//! and abandoned, lost or differently sized leases are never reused; the
+//! renewals of many held locks share a few keep-alive streams and batched key
+//! reads (counted by the server's `grpc_server_started_total`). One case at
+//! a time, since the counts are the whole server's.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -31,9 +33,9 @@ async fn raw(ctx: &Ctx) -> Client {
         .expect("raw client")
 }
 
-/// The proposals the server has committed (every durable write, lease
-/// grants and revokes included; keepalives are not proposals).
-async fn proposals(ctx: &Ctx) -> u64 {
+/// The server's counter whose line in `/metrics` starts with `series`
+/// (its name and labels, as the server prints them).
+async fn metric(ctx: &Ctx, series: &str) -> u64 {
     let mut s = tokio::net::TcpStream::connect(host(ctx))
         .await
         .expect("metrics");
@@ -43,9 +45,23 @@ async fn proposals(ctx: &Ctx) -> u64 {
     let mut body = String::new();
     s.read_to_string(&mut body).await.expect("metrics body");
     body.lines()
-        .find_map(|l| l.strip_prefix("etcd_server_proposals_committed_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("etcd_server_proposals_committed_total in /metrics") as u64
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.trim().parse::<f64>().expect("a number"))
+        .unwrap_or(0.0) as u64
+}
+
+/// The proposals the server has committed (every durable write, lease
+/// grants and revokes included; keepalives are not proposals).
+async fn proposals(ctx: &Ctx) -> u64 {
+    metric(ctx, "etcd_server_proposals_committed_total").await
+}
+
+/// The gRPC calls of `method` the server has begun (a stream counts once).
+async fn calls(ctx: &Ctx, service: &str, method: &str, kind: &str) -> u64 {
+    let series = format!(
+        "grpc_server_started_total{{grpc_method=\"{method}\",grpc_service=\"etcdserverpb.{service}\",grpc_type=\"{kind}\"}}"
+    );
+    metric(ctx, &series).await
 }
 
 /// The lease id of the holder's key of `name`, read on the server.
@@ -368,6 +384,63 @@ async fn multi_try_is_one_transaction(ctx: Ctx) {
     held.release().await.expect("release");
 }
 
+/// 300 locks held by one backend, renewed every second for 4 s: their
+/// keepalives share a few long-lived streams (a stream per renewal cost a
+/// set-up and a reset each, and thousands of resets make the server close
+/// the connection), their key reads share transactions, and every lock
+/// stays held on the server.
+async fn renewals_share_a_few_streams(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .wait(Wait::Try);
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        let g = l
+            .acquire(&ctx.name(&format!("many/{i}")), &opts)
+            .await
+            .expect("acquire")
+            .expect("free");
+        guards.push(g);
+    }
+    let streams = || calls(&ctx, "Lease", "LeaseKeepAlive", "bidi_stream");
+    let reads = || async {
+        calls(&ctx, "KV", "Range", "unary").await + calls(&ctx, "KV", "Txn", "unary").await
+    };
+    let (streams_before, reads_before) = (streams().await, reads().await);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let streams = streams().await - streams_before;
+    let reads = reads().await - reads_before;
+    eprintln!(
+        "FIGURES renewals_share_a_few_streams etcd: keepalive_streams_in_4s_for_300_locks={streams} key_read_requests={reads}"
+    );
+    // Per renewal: 300 locks x 4 renewals = 1,200 streams and 1,200 reads.
+    // The backend keeps 16, opened on first use.
+    assert!(
+        streams <= 16,
+        "{streams} keep-alive streams opened in 4 s of renewals of 300 locks"
+    );
+    assert!(
+        reads < 300,
+        "{reads} read requests in 4 s of renewals of 300 locks"
+    );
+    assert!(guards.iter().all(lockcore::LockGuard::is_held));
+    let other = ctx.harness.connect().await.expect("connect");
+    for i in [0, 150, 299] {
+        assert!(
+            other
+                .try_lock(&ctx.name(&format!("many/{i}")))
+                .await
+                .expect("try")
+                .is_none(),
+            "lock {i} is not held on the server"
+        );
+    }
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![own_cases!(
@@ -382,5 +455,6 @@ fn main() -> std::process::ExitCode {
         failed_tries_keep_their_lease_spare,
         spares_are_revoked_with_the_backend,
         multi_try_is_one_transaction,
+        renewals_share_a_few_streams,
     )])
 }

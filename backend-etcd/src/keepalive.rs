@@ -1,0 +1,324 @@
+//! A few long-lived keep-alive streams for every lease of a backend.
+//!
+//! etcd's `LeaseKeepAlive` is a bidirectional stream that accepts any lease
+//! id in each request and answers each request, in order, with the id and
+//! its remaining ttl (0 when the lease is gone). A stream per renewal costs
+//! a stream set-up and a reset each; with thousands of held leases the
+//! server closes the connection for too many resets. So a backend keeps
+//! [`STREAMS`] streams, each owned by a task that sends the ids of its
+//! leases (a lease always goes to the same one) and routes each answer to
+//! the renewal that asked, as Go's `clientv3.Lease` does with one. Not one:
+//! the server handles a stream's requests one after another, and under a
+//! heavy write load each waits on the lessor, so one stream falls behind
+//! thousands of renewals a second.
+//!
+//! A stream that ends, fails, or answers nothing while renewals wait for
+//! as long as the shortest of their limits is dropped (one reset) and
+//! every waiting renewal fails with `Unavailable`; the next renewal opens a
+//! new stream (perhaps to another member).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use futures_util::FutureExt;
+use lockcore::raw::prelude::*;
+use lockcore::raw::sync::lock;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::NAME;
+use crate::error::map_err;
+
+/// Keep-alive streams per backend.
+pub(crate) const STREAMS: usize = 16;
+
+/// How often a stream with renewals in flight is checked for silence.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// What a renewal asked: `Ok(true)` renewed, `Ok(false)` the lease is gone.
+type Reply = oneshot::Sender<Result<bool>>;
+
+/// One renewal's request: the lease and where its answer goes.
+struct Ask {
+    id: i64,
+    /// How long the renewal waits for its answer.
+    limit: Duration,
+    reply: Reply,
+}
+
+/// The handle on a backend's keep-alive tasks, each started on first use
+/// (and again if the runtime that ran it has ended).
+pub(crate) struct KeepAlives {
+    client: Client,
+    servers: String,
+    tasks: [Mutex<Option<mpsc::UnboundedSender<Ask>>>; STREAMS],
+}
+
+impl KeepAlives {
+    /// A handle for `client`.
+    pub(crate) fn new(client: Client, servers: String) -> Self {
+        KeepAlives {
+            client,
+            servers,
+            tasks: std::array::from_fn(|_| Mutex::new(None)),
+        }
+    }
+
+    /// Sends one keepalive of `id` on its lease's stream and waits for its
+    /// answer. A stream that leaves a renewal unanswered for its `limit` is
+    /// replaced.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped renewal at most extended the lease; its
+    /// answer is discarded.
+    pub(crate) async fn renew(&self, id: i64, limit: Duration) -> Result<bool> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Ask { id, limit, reply });
+        match answer.await {
+            Ok(r) => r,
+            Err(_) => Err(Error::unavailable(
+                NAME,
+                format!(
+                    "renewing the lease on {}: the keep-alive task ended",
+                    self.servers
+                ),
+            )),
+        }
+    }
+
+    /// Hands `ask` to its lease's task, starting one if none runs.
+    fn send(&self, ask: Ask) {
+        // Lease ids are handed out in sequence: consecutive leases go to
+        // different streams.
+        let slot = ask.id.unsigned_abs() % STREAMS as u64;
+        let mut tx = lock(&self.tasks[slot as usize]);
+        let ask = match tx.as_ref() {
+            Some(t) => match t.send(ask) {
+                Ok(()) => return,
+                // The task ended with the runtime that ran it.
+                Err(mpsc::error::SendError(ask)) => ask,
+            },
+            None => ask,
+        };
+        let (new_tx, rx) = mpsc::unbounded_channel();
+        let task = Task {
+            client: self.client.clone(),
+            servers: self.servers.clone(),
+            rx,
+        };
+        tokio::spawn(task.run());
+        // The receiver is alive: it was just made.
+        let _ = new_tx.send(ask);
+        *tx = Some(new_tx);
+    }
+}
+
+/// The open stream and the renewals waiting on it.
+struct Open {
+    keeper: LeaseKeeper,
+    answers: LeaseKeepAliveStream,
+    /// Asked, not yet sent (the stream's send buffer was full).
+    outbox: VecDeque<Ask>,
+    sent: Sent,
+}
+
+/// The renewals sent on a stream and not answered.
+struct Sent {
+    /// By lease id, in the order sent.
+    waiting: HashMap<i64, VecDeque<Reply>>,
+    /// How many.
+    in_flight: usize,
+    /// The shortest wait among them: the stream is replaced when it
+    /// answers nothing for that long.
+    limit: Duration,
+    /// When the stream last made progress: an answer, or a send while
+    /// nothing was in flight.
+    progress: Instant,
+}
+
+impl Sent {
+    /// Records a keepalive of `id` sent.
+    fn push(&mut self, ask: Ask) {
+        let Ask { id, limit, reply } = ask;
+        if self.in_flight == 0 {
+            self.progress = Instant::now();
+            self.limit = limit;
+        }
+        self.limit = self.limit.min(limit);
+        self.waiting.entry(id).or_default().push_back(reply);
+        self.in_flight += 1;
+    }
+
+    /// Routes one answer to the renewal that asked.
+    fn answer(&mut self, id: i64, ttl: i64) {
+        if let Some(q) = self.waiting.get_mut(&id) {
+            if let Some(reply) = q.pop_front() {
+                self.in_flight = self.in_flight.saturating_sub(1);
+                let _ = reply.send(Ok(ttl > 0));
+            }
+            if q.is_empty() {
+                self.waiting.remove(&id);
+            }
+        }
+        self.progress = Instant::now();
+    }
+
+    /// Whether renewals have waited the shortest of their limits with no
+    /// answer.
+    fn silent(&self) -> bool {
+        self.in_flight > 0 && self.progress.elapsed() > self.limit
+    }
+}
+
+impl Open {
+    /// Fails every renewal waiting on this stream or to be sent on it.
+    fn fail_all(self, e: &Error) {
+        let copy = || Error::new(e.kind(), NAME, e.message());
+        for reply in self.sent.waiting.into_values().flatten() {
+            let _ = reply.send(Err(copy()));
+        }
+        for ask in self.outbox {
+            let _ = ask.reply.send(Err(copy()));
+        }
+    }
+}
+
+/// The task that owns the stream.
+struct Task {
+    client: Client,
+    servers: String,
+    rx: mpsc::UnboundedReceiver<Ask>,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let mut open: Option<Open> = None;
+        // How often a stream with renewals in flight is checked for silence.
+        let mut check = tokio::time::interval(CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let Some(o) = open.as_mut() else {
+                // No stream: the next renewal opens one.
+                let Some(ask) = self.rx.recv().await else {
+                    return;
+                };
+                open = self.open(ask).await;
+                continue;
+            };
+            // Each branch handles everything ready of its kind at once, so
+            // thousands of renewals a second cost few turns of this loop.
+            // Set by a branch that ends the stream.
+            let broken: Option<Error> = tokio::select! {
+                msg = o.answers.message() => {
+                    let mut msg = Some(msg);
+                    loop {
+                        match msg {
+                            Some(Ok(Some(resp))) => o.sent.answer(resp.id(), resp.ttl()),
+                            Some(Ok(None)) => break Some(self.gone("the server ended the keep-alive stream")),
+                            Some(Err(e)) => break Some(map_err(e, "renewing the lease", &self.servers, false)),
+                            None => break None,
+                        }
+                        msg = o.answers.message().now_or_never();
+                    }
+                }
+                ask = self.rx.recv() => {
+                    let Some(ask) = ask else { return };
+                    let mut next = Some(ask);
+                    while let Some(ask) = next {
+                        if !ask.reply.is_closed() {
+                            o.outbox.push_back(ask);
+                        }
+                        next = self.rx.try_recv().ok();
+                    }
+                    None
+                }
+                permit = o.keeper.sender.reserve(), if !o.outbox.is_empty() => {
+                    match permit {
+                        Ok(permit) => {
+                            let mut permit = Some(permit);
+                            while let Some(p) = permit.take() {
+                                let Some(ask) = o.outbox.pop_front() else { break };
+                                let mut req = blank(&o.keeper.sender);
+                                req.id = ask.id;
+                                p.send(req);
+                                o.sent.push(ask);
+                                if !o.outbox.is_empty() {
+                                    permit = o.keeper.sender.try_reserve().ok();
+                                }
+                            }
+                            None
+                        }
+                        Err(_) => Some(self.gone("the stream's sender closed")),
+                    }
+                }
+                _ = check.tick() => {
+                    o.sent.silent().then(|| {
+                        self.gone(&format!("no keepalive answered within {:?}", o.sent.limit))
+                    })
+                }
+            };
+            if let Some(e) = broken {
+                tracing::debug!(backend = NAME, error = %e, "the keep-alive stream ended; the next renewal opens another");
+                if let Some(o) = open.take() {
+                    o.fail_all(&e);
+                }
+            }
+        }
+    }
+
+    /// Opens a stream with `ask`'s lease as its first keepalive and answers
+    /// it. On failure, fails `ask` and every renewal already queued behind
+    /// it (they would meet the same server), and returns `None`.
+    async fn open(&mut self, ask: Ask) -> Option<Open> {
+        if ask.reply.is_closed() {
+            return None;
+        }
+        let mut lc = self.client.lease_client();
+        let err = match tokio::time::timeout(ask.limit, lc.keep_alive(ask.id)).await {
+            Ok(Ok((keeper, answers))) => {
+                let _ = ask.reply.send(Ok(true));
+                return Some(Open {
+                    keeper,
+                    answers,
+                    outbox: VecDeque::new(),
+                    sent: Sent {
+                        waiting: HashMap::new(),
+                        in_flight: 0,
+                        // Set by the first renewal sent.
+                        limit: Duration::ZERO,
+                        progress: Instant::now(),
+                    },
+                });
+            }
+            // The first answer said ttl 0: that lease is gone; the next
+            // renewal opens a stream with its own.
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                let _ = ask.reply.send(Ok(false));
+                return None;
+            }
+            Ok(Err(e)) => map_err(e, "renewing the lease", &self.servers, false),
+            Err(_) => self.gone(&format!("no keepalive answered within {:?}", ask.limit)),
+        };
+        let copy = || Error::new(err.kind(), NAME, err.message());
+        let _ = ask.reply.send(Err(copy()));
+        while let Ok(queued) = self.rx.try_recv() {
+            let _ = queued.reply.send(Err(copy()));
+        }
+        None
+    }
+
+    fn gone(&self, why: &str) -> Error {
+        Error::unavailable(
+            NAME,
+            format!("renewing the lease on {}: {why}", self.servers),
+        )
+    }
+}
+
+/// A blank request of the stream's own message type (the client library
+/// exposes the sender but does not name the type).
+fn blank<T: Default>(_: &mpsc::Sender<T>) -> T {
+    T::default()
+}

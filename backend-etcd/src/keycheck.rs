@@ -1,0 +1,193 @@
+//! Renewals' reads of their keys, many to a request.
+//!
+//! A renewal reads its key to see that nobody deleted it. With thousands of
+//! held locks, one read each is thousands of requests a second; so the
+//! reads asked within a short window go to the server together, as the
+//! read operations of one transaction (at most [`PER_TXN`], under etcd's
+//! default `--max-txn-ops` of 128), and each renewal gets its own key's
+//! answer. A few batches may be in flight at once, so a slow server does
+//! not hold renewals in a line.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
+use lockcore::raw::prelude::*;
+use lockcore::raw::sync::lock;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::config::NAME;
+use crate::error::map_err;
+
+/// Reads per transaction.
+pub(crate) const PER_TXN: usize = 64;
+/// How long the first read of a batch waits for others to join it.
+const WINDOW: Duration = Duration::from_millis(25);
+/// Batches in flight at once.
+const IN_FLIGHT: usize = 32;
+
+/// One renewal's read: its key, the create revision it must still have,
+/// and where the answer goes.
+struct Check {
+    key: String,
+    rev: i64,
+    reply: oneshot::Sender<Result<bool>>,
+}
+
+/// The handle on a backend's batching task, which it starts on first use
+/// (and again if the runtime that ran it has ended).
+pub(crate) struct KeyChecks {
+    client: Client,
+    servers: String,
+    limit: Duration,
+    tx: Mutex<Option<mpsc::UnboundedSender<Check>>>,
+}
+
+impl KeyChecks {
+    /// A handle for `client`; `limit` bounds each batch's request.
+    pub(crate) fn new(client: Client, servers: String, limit: Duration) -> Self {
+        KeyChecks {
+            client,
+            servers,
+            limit,
+            tx: Mutex::new(None),
+        }
+    }
+
+    /// Whether `key` is still there with create revision `rev`, read
+    /// after this call began.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub(crate) async fn still_there(&self, key: &str, rev: i64) -> Result<bool> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Check {
+            key: key.to_owned(),
+            rev,
+            reply,
+        });
+        answer.await.unwrap_or_else(|_| {
+            Err(Error::unavailable(
+                NAME,
+                format!(
+                    "reading the lock key on {}: the reading task ended",
+                    self.servers
+                ),
+            ))
+        })
+    }
+
+    fn send(&self, check: Check) {
+        let mut tx = lock(&self.tx);
+        let check = match tx.as_ref() {
+            Some(t) => match t.send(check) {
+                Ok(()) => return,
+                // The task ended with the runtime that ran it.
+                Err(mpsc::error::SendError(check)) => check,
+            },
+            None => check,
+        };
+        let (new_tx, rx) = mpsc::unbounded_channel();
+        let batcher = Batcher {
+            client: self.client.clone(),
+            servers: Arc::from(self.servers.as_str()),
+            limit: self.limit,
+        };
+        tokio::spawn(batcher.run(rx));
+        // The receiver is alive: it was just made.
+        let _ = new_tx.send(check);
+        *tx = Some(new_tx);
+    }
+}
+
+#[derive(Clone)]
+struct Batcher {
+    client: Client,
+    servers: Arc<str>,
+    limit: Duration,
+}
+
+impl Batcher {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Check>) {
+        let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+        while let Some(first) = rx.recv().await {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            take_queued(&mut rx, &mut batch);
+            if batch.len() < PER_TXN {
+                // Not full: let the reads asked just after join.
+                tokio::time::sleep(WINDOW).await;
+                take_queued(&mut rx, &mut batch);
+            }
+            batch.retain(|c| !c.reply.is_closed());
+            if batch.is_empty() {
+                continue;
+            }
+            let me = self.clone();
+            tokio::spawn(async move {
+                me.read(batch).await;
+                drop(slot);
+            });
+        }
+    }
+
+    /// Reads the keys of `batch` in one transaction and answers each.
+    async fn read(&self, batch: Vec<Check>) {
+        let ops: Vec<TxnOp> = batch
+            .iter()
+            .map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only())))
+            .collect();
+        let mut kv = self.client.kv_client();
+        let res = tokio::time::timeout(self.limit, kv.txn(Txn::new().and_then(ops))).await;
+        let err = match res {
+            Ok(Ok(r)) if r.op_responses().len() == batch.len() => {
+                for (c, op) in batch.into_iter().zip(r.op_responses()) {
+                    let there = match op {
+                        TxnOpResponse::Get(g) => g
+                            .kvs()
+                            .first()
+                            .is_some_and(|kv| kv.create_revision() == c.rev),
+                        _ => false,
+                    };
+                    let _ = c.reply.send(Ok(there));
+                }
+                return;
+            }
+            Ok(Ok(r)) => Error::backend_error(
+                NAME,
+                format!(
+                    "reading the lock keys on {}: {} answers to {} reads",
+                    self.servers,
+                    r.op_responses().len(),
+                    batch.len()
+                ),
+            ),
+            Ok(Err(e)) => map_err(e, "reading the lock keys", &self.servers, false),
+            Err(_) => Error::unavailable(
+                NAME,
+                format!(
+                    "reading the lock keys on {}: no answer within {:?}",
+                    self.servers, self.limit
+                ),
+            ),
+        };
+        for c in batch {
+            let _ = c
+                .reply
+                .send(Err(Error::new(err.kind(), NAME, err.message())));
+        }
+    }
+}
+
+/// Moves queued reads into `batch`, up to a transaction's worth.
+fn take_queued(rx: &mut mpsc::UnboundedReceiver<Check>, batch: &mut Vec<Check>) {
+    while batch.len() < PER_TXN {
+        match rx.try_recv() {
+            Ok(c) => batch.push(c),
+            Err(_) => break,
+        }
+    }
+}
