@@ -4,18 +4,21 @@
 //! id in each request and answers each request, in order, with the id and
 //! its remaining ttl (0 when the lease is gone). A stream per renewal costs
 //! a stream set-up and a reset each; with thousands of held leases the
-//! server closes the connection for too many resets. So a backend keeps
+//! client's HTTP/2 layer gives up the connection for too many resets
+//! (`GOAWAY too_many_internal_resets`), failing every request on it. So a backend keeps
 //! [`STREAMS`] streams, each owned by a task that sends the ids of its
 //! leases (a lease always goes to the same one) and routes each answer to
-//! the renewal that asked, as Go's `clientv3.Lease` does with one. Not one:
+//! the renewal that asked (Go's `clientv3.Lease` keeps one stream). Not one:
 //! the server handles a stream's requests one after another, and under a
 //! heavy write load each waits on the lessor, so one stream falls behind
 //! thousands of renewals a second.
 //!
-//! A stream that ends, fails, or answers nothing while renewals wait for
-//! as long as the shortest of their limits is dropped (one reset) and
-//! every waiting renewal fails with `Unavailable`; the next renewal opens a
-//! new stream (perhaps to another member).
+//! At most [`IN_FLIGHT`] keepalives wait on a stream; the rest wait in the
+//! task, and those whose renewal gave up are dropped unsent. A stream that
+//! ends, fails, or leaves its oldest keepalive unanswered past that
+//! renewal's own limit (every later answer comes after it) is dropped (one
+//! reset) and every renewal waiting on it fails with `Unavailable`; the
+//! next renewal opens a new stream (perhaps to another member).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -25,6 +28,7 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use futures_util::FutureExt;
 use lockcore::raw::prelude::*;
 use lockcore::raw::sync::lock;
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::NAME;
@@ -33,7 +37,11 @@ use crate::error::map_err;
 /// Keep-alive streams per backend.
 pub(crate) const STREAMS: usize = 16;
 
-/// How often a stream with renewals in flight is checked for silence.
+/// Keepalives in flight on one stream at most; the rest wait in the task,
+/// where those whose renewal gave up are dropped unsent.
+const IN_FLIGHT: usize = 256;
+
+/// How often a stream with renewals in flight is checked for lag.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// What a renewal asked: `Ok(true)` renewed, `Ok(false)` the lease is gone.
@@ -53,15 +61,23 @@ pub(crate) struct KeepAlives {
     client: Client,
     servers: String,
     tasks: [Mutex<Option<mpsc::UnboundedSender<Ask>>>; STREAMS],
+    /// Where the tasks run: the runtime that connected, then (if that one
+    /// ended) the one that asked next.
+    runtime: Mutex<Handle>,
 }
 
 impl KeepAlives {
-    /// A handle for `client`.
+    /// A handle for `client`; its tasks run on the current runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (it is called from `connect`, inside one).
     pub(crate) fn new(client: Client, servers: String) -> Self {
         KeepAlives {
             client,
             servers,
             tasks: std::array::from_fn(|_| Mutex::new(None)),
+            runtime: Mutex::new(Handle::current()),
         }
     }
 
@@ -90,17 +106,16 @@ impl KeepAlives {
 
     /// Hands `ask` to its lease's task, starting one if none runs.
     fn send(&self, ask: Ask) {
-        // Lease ids are handed out in sequence: consecutive leases go to
-        // different streams.
+        // Lease ids are spread evenly: so are the leases over the streams.
         let slot = ask.id.unsigned_abs() % STREAMS as u64;
         let mut tx = lock(&self.tasks[slot as usize]);
-        let ask = match tx.as_ref() {
+        let (ask, ended) = match tx.as_ref() {
             Some(t) => match t.send(ask) {
                 Ok(()) => return,
                 // The task ended with the runtime that ran it.
-                Err(mpsc::error::SendError(ask)) => ask,
+                Err(mpsc::error::SendError(ask)) => (ask, true),
             },
-            None => ask,
+            None => (ask, false),
         };
         let (new_tx, rx) = mpsc::unbounded_channel();
         let task = Task {
@@ -108,7 +123,7 @@ impl KeepAlives {
             servers: self.servers.clone(),
             rx,
         };
-        tokio::spawn(task.run());
+        spawn_on(&self.runtime, ended, task.run());
         // The receiver is alive: it was just made.
         let _ = new_tx.send(ask);
         *tx = Some(new_tx);
@@ -128,47 +143,40 @@ struct Open {
 struct Sent {
     /// By lease id, in the order sent.
     waiting: HashMap<i64, VecDeque<Reply>>,
-    /// How many.
-    in_flight: usize,
-    /// The shortest wait among them: the stream is replaced when it
-    /// answers nothing for that long.
-    limit: Duration,
-    /// When the stream last made progress: an answer, or a send while
-    /// nothing was in flight.
-    progress: Instant,
+    /// Until when each waits, in the order sent (the order answered).
+    deadlines: VecDeque<Instant>,
 }
 
 impl Sent {
-    /// Records a keepalive of `id` sent.
+    /// Records a keepalive of `id` sent now.
     fn push(&mut self, ask: Ask) {
         let Ask { id, limit, reply } = ask;
-        if self.in_flight == 0 {
-            self.progress = Instant::now();
-            self.limit = limit;
-        }
-        self.limit = self.limit.min(limit);
         self.waiting.entry(id).or_default().push_back(reply);
-        self.in_flight += 1;
+        self.deadlines.push_back(Instant::now() + limit);
     }
 
     /// Routes one answer to the renewal that asked.
     fn answer(&mut self, id: i64, ttl: i64) {
         if let Some(q) = self.waiting.get_mut(&id) {
             if let Some(reply) = q.pop_front() {
-                self.in_flight = self.in_flight.saturating_sub(1);
+                self.deadlines.pop_front();
                 let _ = reply.send(Ok(ttl > 0));
             }
             if q.is_empty() {
                 self.waiting.remove(&id);
             }
         }
-        self.progress = Instant::now();
     }
 
-    /// Whether renewals have waited the shortest of their limits with no
-    /// answer.
-    fn silent(&self) -> bool {
-        self.in_flight > 0 && self.progress.elapsed() > self.limit
+    fn in_flight(&self) -> usize {
+        self.deadlines.len()
+    }
+
+    /// Whether the oldest renewal in flight has waited past its own limit:
+    /// the stream is stalled or too far behind, since every later answer
+    /// comes after its.
+    fn behind(&self) -> bool {
+        self.deadlines.front().is_some_and(|d| *d < Instant::now())
     }
 }
 
@@ -195,7 +203,7 @@ struct Task {
 impl Task {
     async fn run(mut self) {
         let mut open: Option<Open> = None;
-        // How often a stream with renewals in flight is checked for silence.
+        // How often a stream with renewals in flight is checked for lag.
         let mut check = tokio::time::interval(CHECK_EVERY);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -234,17 +242,24 @@ impl Task {
                     }
                     None
                 }
-                permit = o.keeper.sender.reserve(), if !o.outbox.is_empty() => {
+                permit = o.keeper.sender.reserve(),
+                    if !o.outbox.is_empty() && o.sent.in_flight() < IN_FLIGHT =>
+                {
                     match permit {
                         Ok(permit) => {
                             let mut permit = Some(permit);
                             while let Some(p) = permit.take() {
                                 let Some(ask) = o.outbox.pop_front() else { break };
+                                if ask.reply.is_closed() {
+                                    // Its renewal gave up: renew nothing for it.
+                                    permit = Some(p);
+                                    continue;
+                                }
                                 let mut req = blank(&o.keeper.sender);
                                 req.id = ask.id;
                                 p.send(req);
                                 o.sent.push(ask);
-                                if !o.outbox.is_empty() {
+                                if !o.outbox.is_empty() && o.sent.in_flight() < IN_FLIGHT {
                                     permit = o.keeper.sender.try_reserve().ok();
                                 }
                             }
@@ -254,8 +269,8 @@ impl Task {
                     }
                 }
                 _ = check.tick() => {
-                    o.sent.silent().then(|| {
-                        self.gone(&format!("no keepalive answered within {:?}", o.sent.limit))
+                    o.sent.behind().then(|| {
+                        self.gone("a keepalive was not answered within its request's time")
                     })
                 }
             };
@@ -285,10 +300,7 @@ impl Task {
                     outbox: VecDeque::new(),
                     sent: Sent {
                         waiting: HashMap::new(),
-                        in_flight: 0,
-                        // Set by the first renewal sent.
-                        limit: Duration::ZERO,
-                        progress: Instant::now(),
+                        deadlines: VecDeque::new(),
                     },
                 });
             }
@@ -321,4 +333,20 @@ impl Task {
 /// exposes the sender but does not name the type).
 fn blank<T: Default>(_: &mpsc::Sender<T>) -> T {
     T::default()
+}
+
+/// Spawns `task` on the runtime in `runtime`; when the task before it
+/// `ended` with its runtime, on the current runtime instead (kept for the
+/// next).
+pub(crate) fn spawn_on<F>(runtime: &Mutex<Handle>, ended: bool, task: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut rt = lock(runtime);
+    if ended {
+        if let Ok(current) = Handle::try_current() {
+            *rt = current;
+        }
+    }
+    rt.spawn(task);
 }

@@ -4,20 +4,23 @@
 //! held locks, one read each is thousands of requests a second; so the
 //! reads asked within a short window go to the server together, as the
 //! read operations of one transaction (at most [`PER_TXN`], under etcd's
-//! default `--max-txn-ops` of 128), and each renewal gets its own key's
-//! answer. A few batches may be in flight at once, so a slow server does
+//! default `--max-txn-ops` of 128; fewer, found by halving, when the server
+//! refuses that many), and each renewal gets its own key's answer. A few batches may be in flight at once, so a slow server does
 //! not hold renewals in a line.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::raw::prelude::*;
 use lockcore::raw::sync::lock;
+use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::config::NAME;
 use crate::error::map_err;
+use crate::keepalive::spawn_on;
 
 /// Reads per transaction.
 pub(crate) const PER_TXN: usize = 64;
@@ -41,16 +44,28 @@ pub(crate) struct KeyChecks {
     servers: String,
     limit: Duration,
     tx: Mutex<Option<mpsc::UnboundedSender<Check>>>,
+    /// Reads per transaction, kept across tasks.
+    per_txn: Arc<AtomicUsize>,
+    /// Where the task runs: the runtime that connected, then (if that one
+    /// ended) the one that asked next.
+    runtime: Mutex<Handle>,
 }
 
 impl KeyChecks {
-    /// A handle for `client`; `limit` bounds each batch's request.
+    /// A handle for `client`; `limit` bounds each batch's request. Its
+    /// task runs on the current runtime.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (it is called from `connect`, inside one).
     pub(crate) fn new(client: Client, servers: String, limit: Duration) -> Self {
         KeyChecks {
             client,
             servers,
             limit,
             tx: Mutex::new(None),
+            per_txn: Arc::new(AtomicUsize::new(PER_TXN)),
+            runtime: Mutex::new(Handle::current()),
         }
     }
 
@@ -80,21 +95,22 @@ impl KeyChecks {
 
     fn send(&self, check: Check) {
         let mut tx = lock(&self.tx);
-        let check = match tx.as_ref() {
+        let (check, ended) = match tx.as_ref() {
             Some(t) => match t.send(check) {
                 Ok(()) => return,
                 // The task ended with the runtime that ran it.
-                Err(mpsc::error::SendError(check)) => check,
+                Err(mpsc::error::SendError(check)) => (check, true),
             },
-            None => check,
+            None => (check, false),
         };
         let (new_tx, rx) = mpsc::unbounded_channel();
         let batcher = Batcher {
             client: self.client.clone(),
             servers: Arc::from(self.servers.as_str()),
             limit: self.limit,
+            per_txn: self.per_txn.clone(),
         };
-        tokio::spawn(batcher.run(rx));
+        spawn_on(&self.runtime, ended, batcher.run(rx));
         // The receiver is alive: it was just made.
         let _ = new_tx.send(check);
         *tx = Some(new_tx);
@@ -106,6 +122,9 @@ struct Batcher {
     client: Client,
     servers: Arc<str>,
     limit: Duration,
+    /// Reads per transaction: [`PER_TXN`], or less once the server refused
+    /// that many (its `--max-txn-ops` is lower).
+    per_txn: Arc<AtomicUsize>,
 }
 
 impl Batcher {
@@ -115,12 +134,13 @@ impl Batcher {
             let Ok(slot) = slots.clone().acquire_owned().await else {
                 return;
             };
+            let most = self.per_txn.load(Ordering::Relaxed);
             let mut batch = vec![first];
-            take_queued(&mut rx, &mut batch);
-            if batch.len() < PER_TXN {
+            take_queued(&mut rx, &mut batch, most);
+            if batch.len() < most {
                 // Not full: let the reads asked just after join.
                 tokio::time::sleep(WINDOW).await;
-                take_queued(&mut rx, &mut batch);
+                take_queued(&mut rx, &mut batch, most);
             }
             batch.retain(|c| !c.reply.is_closed());
             if batch.is_empty() {
@@ -134,8 +154,32 @@ impl Batcher {
         }
     }
 
-    /// Reads the keys of `batch` in one transaction and answers each.
+    /// Reads the keys of `batch` and answers each: in one transaction, or
+    /// in halves while the server refuses that many operations in one.
     async fn read(&self, batch: Vec<Check>) {
+        let mut batches = vec![batch];
+        while let Some(batch) = batches.pop() {
+            if let Some(refused) = self.read_one(batch).await {
+                let half = refused.len().div_ceil(2);
+                self.per_txn.fetch_min(half, Ordering::Relaxed);
+                tracing::debug!(
+                    backend = NAME,
+                    reads = half,
+                    "the server refused a transaction of {} reads; sending at most {half}",
+                    refused.len()
+                );
+                let mut first = refused;
+                let second = first.split_off(half);
+                batches.push(second);
+                batches.push(first);
+            }
+        }
+    }
+
+    /// Reads the keys of `batch` in one transaction and answers each;
+    /// gives the batch back when the server refused that many operations
+    /// in a transaction (and there are two or more).
+    async fn read_one(&self, batch: Vec<Check>) -> Option<Vec<Check>> {
         let ops: Vec<TxnOp> = batch
             .iter()
             .map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only())))
@@ -154,7 +198,14 @@ impl Batcher {
                     };
                     let _ = c.reply.send(Ok(there));
                 }
-                return;
+                return None;
+            }
+            Ok(Err(etcd_client::Error::GRpcStatus(s)))
+                if batch.len() > 1
+                    && s.code() == tonic::Code::InvalidArgument
+                    && s.message().contains("too many operations") =>
+            {
+                return Some(batch);
             }
             Ok(Ok(r)) => Error::backend_error(
                 NAME,
@@ -179,13 +230,16 @@ impl Batcher {
                 .reply
                 .send(Err(Error::new(err.kind(), NAME, err.message())));
         }
+        None
     }
 }
 
-/// Moves queued reads into `batch`, up to a transaction's worth.
-fn take_queued(rx: &mut mpsc::UnboundedReceiver<Check>, batch: &mut Vec<Check>) {
-    while batch.len() < PER_TXN {
+/// Moves queued reads into `batch`, up to `most`, dropping those whose
+/// renewal gave up.
+fn take_queued(rx: &mut mpsc::UnboundedReceiver<Check>, batch: &mut Vec<Check>, most: usize) {
+    while batch.len() < most {
         match rx.try_recv() {
+            Ok(c) if c.reply.is_closed() => {}
             Ok(c) => batch.push(c),
             Err(_) => break,
         }

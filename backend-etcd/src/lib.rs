@@ -42,16 +42,17 @@
 //! renews it at ttl/3 with one keepalive and one read of the key. The
 //! keepalives of a backend go on 16 long-lived `LeaseKeepAlive` streams
 //! (a lease always on the same one), which carry any lease's id and answer
-//! each in order, as Go's `clientv3.Lease` does on one; the server handles
-//! a stream's requests one after another, so under a heavy write load one
-//! stream would fall behind thousands of renewals a second. The key reads
+//! each in order (Go's `clientv3.Lease` keeps one; the server handles a
+//! stream's requests one after another, so under a heavy write load one
+//! stream falls behind thousands of renewals a second). The key reads
 //! asked within 25 ms go to the server together, up to 64 in one read-only
-//! transaction. So holding thousands of locks costs 16 streams, a small
-//! message per lease and renewal, and a few requests a second, not a
-//! stream set-up and reset per renewal. A stream that fails, or leaves a
-//! renewal unanswered for the renewal's request timeout, is dropped and its
-//! waiting renewals fail (and are retried, as any failed renewal, while the
-//! validity lasts). The lost
+//! transaction (fewer, found by halving, on a server whose `--max-txn-ops`
+//! is lower). So holding thousands of locks costs 16 streams, a small
+//! message per lease and renewal, and tens of requests a second, not a
+//! stream set-up and reset per renewal. A stream that fails, or leaves its
+//! oldest keepalive unanswered past that renewal's request timeout, is
+//! dropped and its waiting renewals fail (and are retried, as any failed
+//! renewal, while the validity lasts). The lost
 //! signal fires when a keepalive answers ttl 0, when the key is gone, or when
 //! the validity deadline (send time of the last successful renewal + ttl,
 //! less the drift allowance of `lockcore::raw::validity_deadline`)

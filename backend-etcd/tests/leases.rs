@@ -47,7 +47,7 @@ async fn metric(ctx: &Ctx, series: &str) -> u64 {
     body.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .map(|v| v.trim().parse::<f64>().expect("a number"))
-        .unwrap_or(0.0) as u64
+        .unwrap_or_else(|| panic!("no series {series} in the server's /metrics")) as u64
 }
 
 /// The proposals the server has committed (every durable write, lease
@@ -415,9 +415,10 @@ async fn renewals_share_a_few_streams(ctx: Ctx) {
         "FIGURES renewals_share_a_few_streams etcd: keepalive_streams_in_4s_for_300_locks={streams} key_read_requests={reads}"
     );
     // Per renewal: 300 locks x 4 renewals = 1,200 streams and 1,200 reads.
-    // The backend keeps 16, opened on first use.
+    // The backend keeps 16, opened on first use (and a few more, if the
+    // server or another client on it reset some).
     assert!(
-        streams <= 16,
+        streams <= 32,
         "{streams} keep-alive streams opened in 4 s of renewals of 300 locks"
     );
     assert!(
@@ -441,6 +442,81 @@ async fn renewals_share_a_few_streams(ctx: Ctx) {
     }
 }
 
+/// A free loopback port (bound and let go).
+async fn free_port() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A private etcd member that accepts at most 4 operations per
+/// transaction (`--max-txn-ops 4`), killed with the returned child.
+async fn etcd_with_few_txn_ops() -> (tokio::process::Child, String, std::path::PathBuf) {
+    let (client, peer) = (free_port().await, free_port().await);
+    let dir = std::env::temp_dir().join(format!("lockcore-etcd-txn-ops-{client}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let child = tokio::process::Command::new("etcd")
+        .args([
+            "--name=few",
+            &format!("--data-dir={}", dir.display()),
+            &format!("--listen-client-urls=http://127.0.0.1:{client}"),
+            &format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+            &format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+            &format!("--initial-cluster=few=http://127.0.0.1:{peer}"),
+            "--max-txn-ops=4",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcd (from the etcd-server package) on the PATH");
+    let url = format!("etcd://127.0.0.1:{client}");
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while lockcore_etcd::connect(&url).await.is_err() {
+        assert!(Instant::now() < give_up, "the private etcd did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (child, url, dir)
+}
+
+/// On a server that refuses transactions of more than 4 operations, the
+/// batched key reads of renewals go in smaller transactions: 200 locks
+/// renewed for two ttls all stay held, on the server too.
+async fn renewals_fit_the_servers_txn_limit(_ctx: Ctx) {
+    let (child, url, dir) = etcd_with_few_txn_ops().await;
+    let l = lockcore_etcd::connect(&url).await.expect("connect");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .wait(Wait::Try);
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        let g = l
+            .acquire(&format!("few/{i}"), &opts)
+            .await
+            .expect("acquire")
+            .expect("free");
+        guards.push(g);
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let lost = guards.iter().filter(|g| !g.is_held()).count();
+    assert_eq!(lost, 0, "{lost} of 200 locks lost");
+    let other = lockcore_etcd::connect(&url).await.expect("connect");
+    for i in [0, 100, 199] {
+        assert!(
+            other
+                .try_lock(&format!("few/{i}"))
+                .await
+                .expect("try")
+                .is_none(),
+            "lock {i} is not held on the server"
+        );
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![own_cases!(
@@ -456,5 +532,6 @@ fn main() -> std::process::ExitCode {
         spares_are_revoked_with_the_backend,
         multi_try_is_one_transaction,
         renewals_share_a_few_streams,
+        renewals_fit_the_servers_txn_limit,
     )])
 }
