@@ -21,18 +21,16 @@
 //! next renewal opens a new stream (perhaps to another member).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use futures_util::FutureExt;
 use lockcore::raw::prelude::*;
-use lockcore::raw::sync::lock;
-use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::NAME;
 use crate::error::map_err;
+use crate::worker::Worker;
 
 /// Keep-alive streams per backend.
 pub(crate) const STREAMS: usize = 16;
@@ -60,10 +58,7 @@ struct Ask {
 pub(crate) struct KeepAlives {
     client: Client,
     servers: String,
-    tasks: [Mutex<Option<mpsc::UnboundedSender<Ask>>>; STREAMS],
-    /// Where the tasks run: the runtime that connected, then (if that one
-    /// ended) the one that asked next.
-    runtime: Mutex<Handle>,
+    tasks: [Worker<Ask>; STREAMS],
 }
 
 impl KeepAlives {
@@ -76,8 +71,7 @@ impl KeepAlives {
         KeepAlives {
             client,
             servers,
-            tasks: std::array::from_fn(|_| Mutex::new(None)),
-            runtime: Mutex::new(Handle::current()),
+            tasks: std::array::from_fn(|_| Worker::new()),
         }
     }
 
@@ -107,26 +101,15 @@ impl KeepAlives {
     /// Hands `ask` to its lease's task, starting one if none runs.
     fn send(&self, ask: Ask) {
         // Lease ids are spread evenly: so are the leases over the streams.
-        let slot = ask.id.unsigned_abs() % STREAMS as u64;
-        let mut tx = lock(&self.tasks[slot as usize]);
-        let (ask, ended) = match tx.as_ref() {
-            Some(t) => match t.send(ask) {
-                Ok(()) => return,
-                // The task ended with the runtime that ran it.
-                Err(mpsc::error::SendError(ask)) => (ask, true),
-            },
-            None => (ask, false),
-        };
-        let (new_tx, rx) = mpsc::unbounded_channel();
-        let task = Task {
-            client: self.client.clone(),
-            servers: self.servers.clone(),
-            rx,
-        };
-        spawn_on(&self.runtime, ended, task.run());
-        // The receiver is alive: it was just made.
-        let _ = new_tx.send(ask);
-        *tx = Some(new_tx);
+        let slot = (ask.id.unsigned_abs() % STREAMS as u64) as usize;
+        self.tasks[slot].send(ask, |rx| {
+            Task {
+                client: self.client.clone(),
+                servers: self.servers.clone(),
+                rx,
+            }
+            .run()
+        });
     }
 }
 
@@ -333,20 +316,4 @@ impl Task {
 /// exposes the sender but does not name the type).
 fn blank<T: Default>(_: &mpsc::Sender<T>) -> T {
     T::default()
-}
-
-/// Spawns `task` on the runtime in `runtime`; when the task before it
-/// `ended` with its runtime, on the current runtime instead (kept for the
-/// next).
-pub(crate) fn spawn_on<F>(runtime: &Mutex<Handle>, ended: bool, task: F)
-where
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    let mut rt = lock(runtime);
-    if ended {
-        if let Ok(current) = Handle::try_current() {
-            *rt = current;
-        }
-    }
-    rt.spawn(task);
 }

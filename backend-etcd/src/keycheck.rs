@@ -9,18 +9,16 @@
 //! not hold renewals in a line.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::raw::prelude::*;
-use lockcore::raw::sync::lock;
-use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::config::NAME;
 use crate::error::map_err;
-use crate::keepalive::spawn_on;
+use crate::worker::Worker;
 
 /// Reads per transaction.
 pub(crate) const PER_TXN: usize = 64;
@@ -43,12 +41,9 @@ pub(crate) struct KeyChecks {
     client: Client,
     servers: String,
     limit: Duration,
-    tx: Mutex<Option<mpsc::UnboundedSender<Check>>>,
+    task: Worker<Check>,
     /// Reads per transaction, kept across tasks.
     per_txn: Arc<AtomicUsize>,
-    /// Where the task runs: the runtime that connected, then (if that one
-    /// ended) the one that asked next.
-    runtime: Mutex<Handle>,
 }
 
 impl KeyChecks {
@@ -63,9 +58,8 @@ impl KeyChecks {
             client,
             servers,
             limit,
-            tx: Mutex::new(None),
+            task: Worker::new(),
             per_txn: Arc::new(AtomicUsize::new(PER_TXN)),
-            runtime: Mutex::new(Handle::current()),
         }
     }
 
@@ -94,26 +88,15 @@ impl KeyChecks {
     }
 
     fn send(&self, check: Check) {
-        let mut tx = lock(&self.tx);
-        let (check, ended) = match tx.as_ref() {
-            Some(t) => match t.send(check) {
-                Ok(()) => return,
-                // The task ended with the runtime that ran it.
-                Err(mpsc::error::SendError(check)) => (check, true),
-            },
-            None => (check, false),
-        };
-        let (new_tx, rx) = mpsc::unbounded_channel();
-        let batcher = Batcher {
-            client: self.client.clone(),
-            servers: Arc::from(self.servers.as_str()),
-            limit: self.limit,
-            per_txn: self.per_txn.clone(),
-        };
-        spawn_on(&self.runtime, ended, batcher.run(rx));
-        // The receiver is alive: it was just made.
-        let _ = new_tx.send(check);
-        *tx = Some(new_tx);
+        self.task.send(check, |rx| {
+            Batcher {
+                client: self.client.clone(),
+                servers: Arc::from(self.servers.as_str()),
+                limit: self.limit,
+                per_txn: self.per_txn.clone(),
+            }
+            .run(rx)
+        });
     }
 }
 
