@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions};
 use lockcore::{LockOptions, Wait};
+use lockcore_conformance::cases::must_be_held;
 use lockcore_conformance::own_cases;
 use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
@@ -428,14 +429,7 @@ async fn renewals_share_a_few_streams(ctx: Ctx) {
     assert!(guards.iter().all(lockcore::LockGuard::is_held));
     let other = ctx.harness.connect().await.expect("connect");
     for i in [0, 150, 299] {
-        assert!(
-            other
-                .try_lock(&ctx.name(&format!("many/{i}")))
-                .await
-                .expect("try")
-                .is_none(),
-            "lock {i} is not held on the server"
-        );
+        must_be_held(&other, &ctx.name(&format!("many/{i}"))).await;
     }
     for g in guards {
         g.release().await.expect("release");
@@ -504,14 +498,7 @@ async fn renewals_fit_the_servers_txn_limit(_ctx: Ctx) {
     assert_eq!(lost, 0, "{lost} of 200 locks lost");
     let other = lockcore_etcd::connect(&url).await.expect("connect");
     for i in [0, 100, 199] {
-        assert!(
-            other
-                .try_lock(&format!("few/{i}"))
-                .await
-                .expect("try")
-                .is_none(),
-            "lock {i} is not held on the server"
-        );
+        must_be_held(&other, &format!("few/{i}")).await;
     }
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker};
+use lockcore_conformance::cases::must_be_held;
 use lockcore_conformance::own_cases;
 use lockcore_conformance::scenarios::rw_beside_a_foreign_hold;
 use lockcore_conformance::{
@@ -223,14 +224,7 @@ async fn renewals_cost_one_request_per_session(ctx: Ctx) {
         .await
         .expect("connect");
     for i in [0, 150, 299] {
-        assert!(
-            other
-                .try_lock(&ctx.name(&format!("many/{i}")))
-                .await
-                .expect("try")
-                .is_none(),
-            "lock {i} is not held on the server"
-        );
+        must_be_held(&other, &ctx.name(&format!("many/{i}"))).await;
     }
     for g in guards {
         g.release().await.expect("release");
@@ -268,14 +262,7 @@ async fn shared_renewals_outlast_a_slow_server(ctx: Ctx) {
     assert_eq!(lost, 0, "{lost} of 60 locks lost behind a slow server");
     let other = ctx.locker().await;
     for i in [0, 30, 59] {
-        assert!(
-            other
-                .try_lock(&ctx.name(&format!("slow/{i}")))
-                .await
-                .expect("try")
-                .is_none(),
-            "lock {i} is not held on the server"
-        );
+        must_be_held(&other, &ctx.name(&format!("slow/{i}"))).await;
     }
     for g in guards {
         g.release().await.expect("release");

@@ -264,8 +264,12 @@ pub(crate) async fn must_try(l: &Locker, name: &str) -> lockcore::LockGuard {
 }
 
 /// Proves on the server that `name` is held: `l` (another owner) cannot
-/// take it, and says so at once.
-pub(crate) async fn must_be_held(l: &Locker, name: &str) {
+/// take it, and says so at once. For a backend's own tests too.
+///
+/// # Panics
+///
+/// When the try fails, takes the name, or takes longer than a try may.
+pub async fn must_be_held(l: &Locker, name: &str) {
     let t = Instant::now();
     let got = l
         .try_lock(name)
