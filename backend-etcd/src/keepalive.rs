@@ -15,9 +15,8 @@
 //!
 //! At most [`IN_FLIGHT`] keepalives wait on a stream; the rest wait in the
 //! task, and those whose renewal gave up are dropped unsent. A stream that
-//! ends, fails, or leaves its oldest keepalive unanswered past that
-//! renewal's own limit (every later answer comes after it) is dropped (one
-//! reset) and every renewal waiting on it fails with `Unavailable`; the
+//! ends, fails, or leaves any keepalive unanswered past its renewal's own
+//! deadline (counted from when the renewal asked) is dropped (one reset) and every renewal waiting on it fails with `Unavailable`; the
 //! next renewal opens a new stream (perhaps to another member).
 
 use std::collections::{HashMap, VecDeque};
@@ -50,6 +49,8 @@ struct Ask {
     id: i64,
     /// How long the renewal waits for its answer.
     limit: Duration,
+    /// Until when: `limit` from when the renewal asked.
+    deadline: Instant,
     reply: Reply,
 }
 
@@ -85,7 +86,13 @@ impl KeepAlives {
     /// answer is discarded.
     pub(crate) async fn renew(&self, id: i64, limit: Duration) -> Result<bool> {
         let (reply, answer) = oneshot::channel();
-        self.send(Ask { id, limit, reply });
+        let deadline = Instant::now() + limit;
+        self.send(Ask {
+            id,
+            limit,
+            deadline,
+            reply,
+        });
         match answer.await {
             Ok(r) => r,
             Err(_) => Err(Error::unavailable(
@@ -133,9 +140,14 @@ struct Sent {
 impl Sent {
     /// Records a keepalive of `id` sent now.
     fn push(&mut self, ask: Ask) {
-        let Ask { id, limit, reply } = ask;
+        let Ask {
+            id,
+            deadline,
+            reply,
+            ..
+        } = ask;
         self.waiting.entry(id).or_default().push_back(reply);
-        self.deadlines.push_back(Instant::now() + limit);
+        self.deadlines.push_back(deadline);
     }
 
     /// Routes one answer to the renewal that asked.
@@ -155,11 +167,12 @@ impl Sent {
         self.deadlines.len()
     }
 
-    /// Whether the oldest renewal in flight has waited past its own limit:
-    /// the stream is stalled or too far behind, since every later answer
-    /// comes after its.
+    /// Whether a renewal in flight is past its own deadline: the stream is
+    /// stalled or too far behind for it (renewals of shorter ttls have
+    /// shorter deadlines, so not only the oldest is looked at).
     fn behind(&self) -> bool {
-        self.deadlines.front().is_some_and(|d| *d < Instant::now())
+        let now = Instant::now();
+        self.deadlines.iter().any(|d| *d < now)
     }
 }
 

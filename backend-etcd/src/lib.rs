@@ -49,8 +49,8 @@
 //! transaction (fewer, found by halving, on a server whose `--max-txn-ops`
 //! is lower). So holding thousands of locks costs 16 streams, a small
 //! message per lease and renewal, and tens of requests a second, not a
-//! stream set-up and reset per renewal. A stream that fails, or leaves its
-//! oldest keepalive unanswered past that renewal's request timeout, is
+//! stream set-up and reset per renewal. A stream that fails, or leaves any
+//! keepalive unanswered past its renewal's request timeout, is
 //! dropped and its waiting renewals fail (and are retried, as any failed
 //! renewal, while the validity lasts). The lost
 //! signal fires when a keepalive answers ttl 0, when the key is gone, or when
