@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::NAME;
 use crate::error::map_err;
-use crate::worker::Worker;
+use lockcore::raw::batch::Worker;
 
 /// Keep-alive streams per backend.
 pub(crate) const STREAMS: usize = 16;

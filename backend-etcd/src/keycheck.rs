@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
+use lockcore::raw::batch::{Batches, Waiting};
 use lockcore::raw::prelude::*;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::oneshot;
 
 use crate::config::NAME;
 use crate::error::map_err;
-use crate::worker::Worker;
 
 /// Reads per transaction.
 pub(crate) const PER_TXN: usize = 64;
@@ -35,15 +35,21 @@ struct Check {
     reply: oneshot::Sender<Result<bool>>,
 }
 
+impl Waiting for Check {
+    fn gave_up(&self) -> bool {
+        self.reply.is_closed()
+    }
+}
+
 /// The handle on a backend's batching task, which it starts on first use
 /// (and again if the runtime that ran it has ended).
 pub(crate) struct KeyChecks {
     client: Client,
     servers: String,
     limit: Duration,
-    task: Worker<Check>,
-    /// Reads per transaction, kept across tasks.
-    per_txn: Arc<AtomicUsize>,
+    /// Reads per transaction, kept across tasks, lowered when the server
+    /// refuses that many.
+    batches: Batches<Check>,
 }
 
 impl KeyChecks {
@@ -58,8 +64,7 @@ impl KeyChecks {
             client,
             servers,
             limit,
-            task: Worker::new(),
-            per_txn: Arc::new(AtomicUsize::new(PER_TXN)),
+            batches: Batches::new(WINDOW, PER_TXN, IN_FLIGHT),
         }
     }
 
@@ -88,14 +93,17 @@ impl KeyChecks {
     }
 
     fn send(&self, check: Check) {
-        self.task.send(check, |rx| {
-            Batcher {
+        self.batches.send(check, || {
+            let batcher = Batcher {
                 client: self.client.clone(),
                 servers: Arc::from(self.servers.as_str()),
                 limit: self.limit,
-                per_txn: self.per_txn.clone(),
+                per_txn: self.batches.most(),
+            };
+            move |batch| {
+                let me = batcher.clone();
+                async move { me.read(batch).await }
             }
-            .run(rx)
         });
     }
 }
@@ -111,32 +119,6 @@ struct Batcher {
 }
 
 impl Batcher {
-    async fn run(self, mut rx: mpsc::UnboundedReceiver<Check>) {
-        let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-        while let Some(first) = rx.recv().await {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let most = self.per_txn.load(Ordering::Relaxed);
-            let mut batch = vec![first];
-            take_queued(&mut rx, &mut batch, most);
-            if batch.len() < most {
-                // Not full: let the reads asked just after join.
-                tokio::time::sleep(WINDOW).await;
-                take_queued(&mut rx, &mut batch, most);
-            }
-            batch.retain(|c| !c.reply.is_closed());
-            if batch.is_empty() {
-                continue;
-            }
-            let me = self.clone();
-            tokio::spawn(async move {
-                me.read(batch).await;
-                drop(slot);
-            });
-        }
-    }
-
     /// Reads the keys of `batch` and answers each: in one transaction, or
     /// in halves while the server refuses that many operations in one.
     async fn read(&self, batch: Vec<Check>) {
@@ -214,17 +196,5 @@ impl Batcher {
                 .send(Err(Error::new(err.kind(), NAME, err.message())));
         }
         None
-    }
-}
-
-/// Moves queued reads into `batch`, up to `most`, dropping those whose
-/// renewal gave up.
-fn take_queued(rx: &mut mpsc::UnboundedReceiver<Check>, batch: &mut Vec<Check>, most: usize) {
-    while batch.len() < most {
-        match rx.try_recv() {
-            Ok(c) if c.reply.is_closed() => {}
-            Ok(c) => batch.push(c),
-            Err(_) => break,
-        }
     }
 }

@@ -124,7 +124,6 @@ mod lease;
 mod multi;
 mod spare;
 mod wait;
-mod worker;
 
 pub use config::{EtcdConfig, DEFAULT_PREFIX, NAME, SCHEMES};
 pub use core::{EtcdBackend, EtcdCounters, EtcdStats};

@@ -1,6 +1,7 @@
 //! One instance or a Redis Cluster: `SET NX PX` + `INCR` fencing in one
 //! script, waiters woken by pub/sub, inspection.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::raw::prelude::*;
@@ -14,6 +15,7 @@ use crate::error::{map_err, unconfirmed};
 use crate::lease::{release, RedisLease};
 use crate::managed::Managed;
 use crate::multi::take_all;
+use crate::renewals::Renewals;
 use crate::scripts::{ttl_ms, Keys, ACQUIRE, FENCE_KEEP, INSPECT};
 use crate::wake::{wait_turn, Subscription, Wakeups};
 
@@ -23,6 +25,9 @@ use crate::wake::{wait_turn, Subscription, Wakeups};
 #[derive(Debug)]
 pub struct RedisBackend {
     conn: Conn,
+    /// Batched renewals: on one instance or Sentinel's master, without the
+    /// replica-sync guard.
+    renewals: Option<Arc<Renewals>>,
     wake: Wakeups,
     cfg: RedisConfig,
     server: String,
@@ -87,8 +92,13 @@ impl RedisBackend {
                 ))
             }
         };
+        let renewals = match &conn {
+            Conn::Single(m) if cfg.sync_replicas.is_none() => Some(Renewals::new(m.clone())),
+            _ => None,
+        };
         Ok(RedisBackend {
             wake,
+            renewals,
             conn,
             cfg,
             server,
@@ -201,6 +211,7 @@ impl Backend for RedisBackend {
                 return Ok(Some(Grant {
                     lease: Box::new(RedisLease::new(
                         self.conn.clone(),
+                        self.renewals.clone(),
                         keys,
                         token,
                         self.server.clone(),
@@ -232,7 +243,14 @@ impl Backend for RedisBackend {
     /// Cancel safe: a dropped call compare-and-deletes every key it may
     /// have set, in the background.
     async fn try_acquire_all(&self, reqs: &[AcquireRequest<'_>]) -> Result<AllOrNone> {
-        take_all(&self.conn, &self.cfg, &self.server, reqs).await
+        take_all(
+            &self.conn,
+            self.renewals.as_ref(),
+            &self.cfg,
+            &self.server,
+            reqs,
+        )
+        .await
     }
 
     /// The holder's token, its remaining ttl and the last fencing token

@@ -40,6 +40,14 @@ impl Conn {
         for a in args {
             inv.arg(*a);
         }
+        self.invoke(&inv).await
+    }
+
+    /// Runs a prepared script call (EVALSHA, loading it on NOSCRIPT).
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> RedisResult<T> {
         match self {
             Conn::Single(m) => {
                 let (gen, mut c) = m.get();

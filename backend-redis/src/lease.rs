@@ -1,6 +1,7 @@
 //! A held lock on one instance or a cluster: owner-checked renew and
 //! release by script.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::raw::prelude::*;
@@ -8,6 +9,7 @@ use lockcore::raw::prelude::*;
 use crate::config::SyncReplicas;
 use crate::conn::Conn;
 use crate::error::{map_err, unconfirmed};
+use crate::renewals::{KeyToken, Renewals};
 use crate::scripts::{ttl_ms, Keys, FENCE_KEEP, RELEASE, RENEW, RENEW_WITH_VALUE};
 
 /// Compare-and-delete with `token`, and a wake-up on the release channel:
@@ -25,6 +27,11 @@ pub(crate) async fn release(conn: Conn, keys: Keys, token: String) {
 #[derive(Debug)]
 pub(crate) struct RedisLease {
     conn: Conn,
+    /// Where a plain renewal goes with others (see `renewals.rs`), when
+    /// the backend batches them.
+    renewals: Option<Arc<Renewals>>,
+    /// The key and token, as the batched renewals take them.
+    renewing: Arc<KeyToken>,
     keys: Keys,
     token: String,
     server: String,
@@ -38,6 +45,7 @@ pub(crate) struct RedisLease {
 impl RedisLease {
     pub(crate) fn new(
         conn: Conn,
+        renewals: Option<Arc<Renewals>>,
         keys: Keys,
         token: String,
         server: String,
@@ -46,6 +54,8 @@ impl RedisLease {
     ) -> Self {
         RedisLease {
             conn,
+            renewals,
+            renewing: KeyToken::new(&keys.lock, &token),
             keys,
             token,
             server,
@@ -82,11 +92,21 @@ impl BackendLease for RedisLease {
                     )
                     .await
             }
-            None => {
-                self.conn
-                    .script_synced(&RENEW, &[&self.keys.lock], &args, self.sync)
+            None => match &self.renewals {
+                // Gone (-1) and another owner's (0) are both lost here.
+                Some(batched) => batched
+                    .renew(
+                        &self.renewing,
+                        u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                    )
                     .await
-            }
+                    .map(|r| (r.max(0), u32::MAX)),
+                None => {
+                    self.conn
+                        .script_synced(&RENEW, &[&self.keys.lock], &args, self.sync)
+                        .await
+                }
+            },
         };
         let (r, acked): (i64, u32) =
             renewing.map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;

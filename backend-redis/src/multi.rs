@@ -2,6 +2,7 @@
 //! multi-name acquisition on one instance (or behind Sentinel), where
 //! every key is on the one server.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use lockcore::raw::prelude::*;
@@ -10,6 +11,7 @@ use crate::config::{RedisConfig, Topology, NAME};
 use crate::conn::Conn;
 use crate::error::{map_err, unconfirmed};
 use crate::lease::{release, RedisLease};
+use crate::renewals::Renewals;
 use crate::scripts::{ttl_ms, Keys, ACQUIRE_ALL, FENCE_KEEP};
 
 /// Every one of `reqs` by one script ([`ACQUIRE_ALL`]), with the
@@ -25,6 +27,7 @@ use crate::scripts::{ttl_ms, Keys, ACQUIRE_ALL, FENCE_KEEP};
 /// is dropped (or the script was cut off) while it may have applied.
 pub(crate) async fn take_all(
     conn: &Conn,
+    renewals: Option<&Arc<Renewals>>,
     cfg: &RedisConfig,
     server: &str,
     reqs: &[AcquireRequest<'_>],
@@ -112,6 +115,7 @@ pub(crate) async fn take_all(
         .map(|(((req, keys), token), fence)| Grant {
             lease: Box::new(RedisLease::new(
                 conn.clone(),
+                renewals.cloned(),
                 keys,
                 token,
                 server.to_owned(),

@@ -105,20 +105,27 @@ return 0",
     )
 });
 
-/// RedLock's renewal on one instance: `PEXPIRE` if the key holds this
-/// owner's token (1); -1 when the instance has no such key (it restarted
-/// without persistence, it expired there first, or an operator deleted it);
-/// 0 when another owner holds it.
-pub(crate) static RENEW_OR_MISSING: LazyLock<Script> = LazyLock::new(|| {
+/// Renewals of many keys in one call (keys: the lock keys; arguments: each
+/// key's owner token and ttl in milliseconds, in turn). For each key: 1
+/// when it held its owner's token and was renewed (`PEXPIRE`); 0 when
+/// another owner holds it (or a value of another type is there); -1 when
+/// there is no such key (it expired, an operator deleted it, or a RedLock
+/// instance restarted without persistence). One key's answer never fails
+/// the others'.
+pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+        r"local r = {}
+for i, k in ipairs(KEYS) do
+  local v = redis.pcall('GET', k)
+  if v == ARGV[2 * i - 1] then
+    r[i] = redis.call('PEXPIRE', k, ARGV[2 * i])
+  elseif not v then
+    r[i] = -1
+  else
+    r[i] = 0
+  end
 end
-if not v then
-  return -1
-end
-return 0",
+return r",
     )
 });
 

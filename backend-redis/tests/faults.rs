@@ -9,7 +9,7 @@
 
 mod harness;
 
-use harness::{admin, numsub, raw_get, until};
+use harness::{admin, numsub, raw_get, script_calls, until};
 
 use std::time::{Duration, Instant};
 
@@ -792,20 +792,6 @@ async fn until_gone<K: redis::ToRedisArgs + Send + Sync>(
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     exists
-}
-
-/// The calls of scripts the server has run so far.
-async fn script_calls(c: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(c)
-        .await
-        .expect("INFO");
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 /// A multi-name try on one instance is one script, taken or refused: the

@@ -14,6 +14,7 @@ use super::quorum::*;
 use crate::config::NAME;
 use crate::conn::Conn;
 use crate::managed::Managed;
+use crate::renewals::KeyToken;
 use crate::scripts::{ttl_ms, Keys, HOLDER};
 use crate::wake::{wait_turn, Subscription};
 
@@ -84,6 +85,7 @@ impl Backend for RedLockBackend {
                     lease: Box::new(RedLockLease {
                         instances: self.instances.clone(),
                         response_timeout: self.cfg.response_timeout,
+                        renewing: KeyToken::new(&keys.lock, &token),
                         keys,
                         token,
                         quorum: self.quorum(),

@@ -8,7 +8,8 @@ use lockcore::raw::prelude::*;
 use super::quorum::*;
 use crate::config::NAME;
 use crate::managed::Managed;
-use crate::scripts::{ttl_ms, Keys, RENEW_OR_MISSING};
+use crate::renewals::KeyToken;
+use crate::scripts::{ttl_ms, Keys};
 
 #[derive(Debug)]
 pub(super) struct RedLockLease {
@@ -16,6 +17,8 @@ pub(super) struct RedLockLease {
     pub(super) response_timeout: Duration,
     pub(super) keys: Keys,
     pub(super) token: String,
+    /// The key and token, as the batched renewals take them.
+    pub(super) renewing: Arc<KeyToken>,
     pub(super) quorum: usize,
     pub(super) limit: Duration,
     /// The acquire's calls still out when it returned: the release is sent
@@ -40,13 +43,13 @@ impl BackendLease for RedLockLease {
     /// but a name that others wait for a little longer.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let sent = Instant::now();
-        let ttl_arg = ttl_ms(ttl);
-        let call = Call {
-            key: self.keys.lock.clone(),
-            ask: Ask::Script(&RENEW_OR_MISSING, vec![self.token.clone(), ttl_arg.clone()]),
-            limit: self.limit,
-        };
-        let replies = on_all(&self.instances, call).await;
+        let replies = renew_all(
+            &self.instances,
+            &self.renewing,
+            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            self.limit,
+        )
+        .await;
         let mut renewed = count(&replies, 1);
         let refused = count(&replies, 0);
         // Renewed on a majority: take the key back where an instance lost it
@@ -67,7 +70,7 @@ impl BackendLease for RedLockLease {
                     key: self.keys.lock.clone(),
                     ask: Ask::SetNx {
                         token: self.token.clone(),
-                        ttl: ttl_arg,
+                        ttl: ttl_ms(ttl),
                     },
                     limit: self.limit,
                 };

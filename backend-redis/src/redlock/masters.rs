@@ -10,6 +10,7 @@ use lockcore::raw::prelude::*;
 
 use crate::config::{Node, RedisConfig, Topology, NAME};
 use crate::managed::Managed;
+use crate::renewals::Renewals;
 use crate::scripts::Keys;
 use crate::wake::Wakeups;
 
@@ -148,8 +149,10 @@ impl RedLockBackend {
         let mut instances = Vec::new();
         for node in nodes {
             let client = crate::client::client(node, &cfg)?;
+            let conn = Managed::lazy(node, &cfg)?;
             instances.push(Instance {
-                conn: Managed::lazy(node, &cfg)?,
+                renewals: Renewals::new(conn.clone()),
+                conn,
                 wake: Wakeups::new(move || client.clone(), cfg.response_timeout),
             });
         }

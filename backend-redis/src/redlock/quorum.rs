@@ -1,5 +1,6 @@
 //! One call on every master at once, and the counting of their replies.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,13 +11,16 @@ use tokio::sync::oneshot;
 
 use crate::conn::Conn;
 use crate::managed::Managed;
+use crate::renewals::{KeyToken, Renewals};
 use crate::scripts::{Keys, RELEASE};
 use crate::wake::Wakeups;
+
 /// One master: its connection (made in the background, replaced when it
-/// stops answering) and its wake-ups.
+/// stops answering), its batched renewals and its wake-ups.
 #[derive(Debug)]
 pub(super) struct Instance {
     pub(super) conn: Arc<Managed>,
+    pub(super) renewals: Arc<Renewals>,
     pub(super) wake: Wakeups,
 }
 
@@ -171,6 +175,40 @@ pub(super) async fn on_each(
         }
     }
     (replies, Straggling::default())
+}
+
+/// Renews `lease` on every instance at once, in each instance's next batch
+/// of renewals, within `limit`: `(1, 0)` renewed, `(0, 0)` another
+/// owner's, `(-1, 0)` missing, `None` no answer in time.
+pub(super) async fn renew_all(
+    instances: &[Instance],
+    lease: &Arc<KeyToken>,
+    ttl_ms: u64,
+    limit: Duration,
+) -> Replies {
+    // Each instance's answer, or that it failed or has not answered; one
+    // timer for all of them.
+    const FAILED: i64 = i64::MIN;
+    const WAITING: i64 = i64::MIN + 1;
+    let got: Vec<AtomicI64> = instances.iter().map(|_| AtomicI64::new(WAITING)).collect();
+    let asks = instances.iter().zip(&got).map(|(i, slot)| async move {
+        let n = i.renewals.renew(lease, ttl_ms).await.unwrap_or(FAILED);
+        slot.store(n, Ordering::Relaxed);
+    });
+    let _ = tokio::time::timeout(limit, futures_util::future::join_all(asks)).await;
+    instances
+        .iter()
+        .zip(got)
+        .map(|(i, slot)| match slot.into_inner() {
+            FAILED => None,
+            WAITING => {
+                // Slow or silent: have the connection checked.
+                i.conn.suspect_current();
+                None
+            }
+            n => Some((n, 0)),
+        })
+        .collect()
 }
 
 /// How many replies were `n`.

@@ -108,7 +108,7 @@ impl Harness for Redis {
 
 /// The admin URL of each server a lock URL names: `redlock://a:1,b:2` →
 /// [`redis://a:1`, `redis://b:2`] (`rediss://` for TLS).
-fn servers(url: &str) -> Vec<String> {
+pub(crate) fn servers(url: &str) -> Vec<String> {
     lockcore::raw::address::ServerUrl::parse(url, 6379)
         .map(|u| {
             let scheme = if u.scheme.starts_with("rediss") {
@@ -282,4 +282,18 @@ where
         assert!(Instant::now() < deadline, "{what} within {within:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The calls of scripts the server has run so far.
+pub(crate) async fn script_calls(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
+        .sum()
 }

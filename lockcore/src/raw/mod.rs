@@ -17,6 +17,7 @@
 
 pub mod address;
 mod backend;
+pub mod batch;
 pub(crate) mod held;
 pub mod held_conn;
 mod lease;
