@@ -1115,6 +1115,27 @@ async fn every_help_has_an_example(_ctx: Ctx) {
     }
 }
 
+/// `bench --held-only` measures the held leases and nothing else.
+async fn bench_held_only(_ctx: Ctx) {
+    let (code, out, err) = local(&[
+        "--url",
+        "memory://",
+        "bench",
+        "--held-only",
+        "--held",
+        "200",
+        "--duration",
+        "300ms",
+        "--json",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    assert_eq!(v["held"]["leases"], 200, "{out}");
+    assert_eq!(v["held"]["all_held"], true, "{out}");
+    assert!(v.get("uncontended_1_task_pairs_per_s").is_none(), "{out}");
+}
+
 /// Schemes are case-insensitive: the backend's URL with its scheme in
 /// capitals works as it is.
 async fn schemes_are_case_insensitive(ctx: Ctx) {
@@ -2147,6 +2168,7 @@ fn main() -> std::process::ExitCode {
     .case("every_help_has_an_example", |c| {
         Box::pin(every_help_has_an_example(c))
     })
+    .case("bench_held_only", |c| Box::pin(bench_held_only(c)))
     .case("completions_and_man_page", |c| {
         Box::pin(completions_and_man_page(c))
     });

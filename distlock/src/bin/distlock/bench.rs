@@ -31,6 +31,10 @@ pub(crate) struct Args {
     /// ttl of the held leases (renewed every ttl/3).
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     held_ttl: Duration,
+    /// Measure only the held leases' memory and CPU (for a series of
+    /// counts: the process holds nothing else before them).
+    #[arg(long)]
+    held_only: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -76,16 +80,26 @@ pub(crate) async fn bench(locker: Locker, url: &str, args: Args) -> u8 {
     }
 }
 
-async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<String> {
-    let ns = format!("distlock-bench/{}", std::process::id());
+/// The throughput and latency figures (everything but the held leases).
+struct Flow {
+    one: f64,
+    many: f64,
+    lat: Vec<Duration>,
+    /// Permit pairs a second and the lock's pairs in alternating thirds,
+    /// and the permit hand-off latencies.
+    sem: Option<((f64, f64), Vec<Duration>)>,
+    rw_lat: Option<Vec<Duration>>,
+}
+
+async fn flow(locker: &Locker, url: &str, ns: &str, args: &Args) -> distlock::Result<Flow> {
     let run = args.duration;
 
     let pb = bar("uncontended, 1 task", run);
-    let one = workload::uncontended(&locker, &ns, 1, run).await?;
+    let one = workload::uncontended(locker, ns, 1, run).await?;
     pb.finish_and_clear();
 
     let pb = bar(&format!("uncontended, {} tasks", args.tasks), run);
-    let many = workload::uncontended(&locker, &ns, args.tasks, run).await?;
+    let many = workload::uncontended(locker, ns, args.tasks, run).await?;
     pb.finish_and_clear();
 
     let mut clients = Vec::new();
@@ -95,7 +109,6 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
     let pb = bar(&format!("contended, {} clients", args.contenders), run);
     let lat = workload::handoffs(clients, &format!("{ns}/contended"), run).await?;
     pb.finish_and_clear();
-    let handoffs_per_s = lat.len() as f64 / run.as_secs_f64();
 
     // A migration between two semaphore layouts has none.
     let sem = if locker.capabilities().semaphore_layout == Layout::Unsupported {
@@ -106,7 +119,7 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
             run,
         );
         let pairs =
-            workload::permit_pairs(&locker, &format!("{ns}/permits"), BENCH_PERMITS, run).await?;
+            workload::permit_pairs(locker, &format!("{ns}/permits"), BENCH_PERMITS, run).await?;
         pb.finish_and_clear();
         let pb = bar(
             &format!(
@@ -117,7 +130,7 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
         );
         let (a, b) = (distlock::connect(url).await?, distlock::connect(url).await?);
         let lat = workload::permit_handoffs(
-            &locker,
+            locker,
             &a,
             &b,
             &format!("{ns}/permits-full"),
@@ -135,11 +148,27 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
     } else {
         let pb = bar("read-write lock, 1 writer and 1 reader taking turns", run);
         let reader = distlock::connect(url).await?;
-        let lat = workload::rw_handoffs(&locker, &reader, &format!("{ns}/rw"), run).await?;
+        let lat = workload::rw_handoffs(locker, &reader, &format!("{ns}/rw"), run).await?;
         pb.finish_and_clear();
         Some(lat)
     };
+    Ok(Flow {
+        one,
+        many,
+        lat,
+        sem,
+        rw_lat,
+    })
+}
 
+async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<String> {
+    let ns = format!("distlock-bench/{}", std::process::id());
+    let run = args.duration;
+    let flow = if args.held_only {
+        None
+    } else {
+        Some(flow(&locker, url, &ns, args).await?)
+    };
     let held_n = args.held.unwrap_or(match locker.capabilities().lease {
         LeaseKind::Connection => HELD_ON_CONNECTIONS,
         _ => HELD,
@@ -148,6 +177,45 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
     let held = workload::hold_many(&locker, &ns, held_n, args.held_ttl, run).await?;
     pb.finish_and_clear();
 
+    let cpu_pct = 100.0 * held.cpu.as_secs_f64() / held.wall.as_secs_f64().max(1e-9);
+    let held_json = json!({ "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
+                            "rss_added_kib": held.rss_added_kib, "cpu_s": held.cpu.as_secs_f64(), "cpu_percent": cpu_pct });
+    let held_row = format!(
+        "| {} leases held with renewal (ttl {:?}) | +{} KiB resident, {:.2}% CPU{} |",
+        held.leases,
+        args.held_ttl,
+        held.rss_added_kib,
+        cpu_pct,
+        if held.all_held {
+            ""
+        } else {
+            " (some leases were lost!)"
+        }
+    );
+    let label = args.label.as_deref().unwrap_or(locker.backend_name());
+    let Some(flow) = flow else {
+        if args.json {
+            let out = json!({
+                "backend": locker.backend_name(),
+                "label": label,
+                "duration_s": run.as_secs_f64(),
+                "held": held_json,
+            });
+            return Ok(out.to_string());
+        }
+        return Ok(format!(
+            "backend: {}\n| figure | value |\n|---|---|\n{held_row}",
+            locker.backend_name()
+        ));
+    };
+    let Flow {
+        one,
+        many,
+        lat,
+        sem,
+        rw_lat,
+    } = flow;
+    let handoffs_per_s = lat.len() as f64 / run.as_secs_f64();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let (p50, p99, max) = (
         ms(workload::percentile(&lat, 0.5)),
@@ -169,11 +237,10 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
             ms(workload::percentile(lat, 0.99)),
         )
     });
-    let cpu_pct = 100.0 * held.cpu.as_secs_f64() / held.wall.as_secs_f64().max(1e-9);
     if args.json {
         let out = json!({
             "backend": locker.backend_name(),
-            "label": args.label.as_deref().unwrap_or(locker.backend_name()),
+            "label": label,
             "duration_s": run.as_secs_f64(),
             "uncontended_1_task_pairs_per_s": one,
             "uncontended_tasks": args.tasks,
@@ -189,8 +256,7 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
             "semaphore_handoff_latency_ms": sem_handoff.map(|(_, p50, max)| json!({ "p50": p50, "max": max })),
             "rw_handoffs": rw.map(|(n, _, _)| n),
             "rw_handoff_latency_ms": rw.map(|(_, p50, p99)| json!({ "p50": p50, "p99": p99 })),
-            "held": { "leases": held.leases, "all_held": held.all_held, "ttl_s": args.held_ttl.as_secs_f64(),
-                      "rss_added_kib": held.rss_added_kib, "cpu_s": held.cpu.as_secs_f64(), "cpu_percent": cpu_pct },
+            "held": held_json,
         });
         return Ok(out.to_string());
     }
@@ -252,18 +318,6 @@ async fn measure(locker: Locker, url: &str, args: &Args) -> distlock::Result<Str
             );
         }
     }
-    let _ = writeln!(
-        o,
-        "| {} leases held with renewal (ttl {:?}) | +{} KiB resident, {:.2}% CPU{} |",
-        held.leases,
-        args.held_ttl,
-        held.rss_added_kib,
-        cpu_pct,
-        if held.all_held {
-            ""
-        } else {
-            " (some leases were lost!)"
-        }
-    );
+    let _ = writeln!(o, "{held_row}");
     Ok(o.trim_end().to_owned())
 }

@@ -82,7 +82,7 @@ enum Command {
     Ls(ls::Args),
     /// Measure a backend: uncontended and contended throughput, hand-off latency, many leases held.
     #[command(
-        after_help = "Example:\n  distlock --url redis://127.0.0.1:6379 bench --duration 3s --json"
+        after_help = "Examples:\n  distlock --url redis://127.0.0.1:6379 bench --duration 3s --json\n  distlock --url redis://127.0.0.1:6379 bench --held-only --held 10000 --duration 60s   (CPU and memory of 10,000 held leases)"
     )]
     Bench(bench::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
