@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions};
 use lockcore::{LockOptions, Wait};
-use lockcore_conformance::cases::must_be_held;
+use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
 use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
@@ -392,18 +392,8 @@ async fn multi_try_is_one_transaction(ctx: Ctx) {
 /// stays held on the server.
 async fn renewals_share_a_few_streams(ctx: Ctx) {
     let l = ctx.harness.connect().await.expect("connect");
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(3))
-        .wait(Wait::Try);
-    let mut guards = Vec::new();
-    for i in 0..300 {
-        let g = l
-            .acquire(&ctx.name(&format!("many/{i}")), &opts)
-            .await
-            .expect("acquire")
-            .expect("free");
-        guards.push(g);
-    }
+    let names: Vec<String> = (0..300).map(|i| ctx.name(&format!("many/{i}"))).collect();
+    let guards = hold_all(&l, &names, Duration::from_secs(3)).await;
     let streams = || calls(&ctx, "Lease", "LeaseKeepAlive", "bidi_stream");
     let reads = || async {
         calls(&ctx, "KV", "Range", "unary").await + calls(&ctx, "KV", "Txn", "unary").await
@@ -481,18 +471,8 @@ async fn etcd_with_few_txn_ops() -> (tokio::process::Child, String, std::path::P
 async fn renewals_fit_the_servers_txn_limit(_ctx: Ctx) {
     let (child, url, dir) = etcd_with_few_txn_ops().await;
     let l = lockcore_etcd::connect(&url).await.expect("connect");
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(2))
-        .wait(Wait::Try);
-    let mut guards = Vec::new();
-    for i in 0..200 {
-        let g = l
-            .acquire(&format!("few/{i}"), &opts)
-            .await
-            .expect("acquire")
-            .expect("free");
-        guards.push(g);
-    }
+    let names: Vec<String> = (0..200).map(|i| format!("few/{i}")).collect();
+    let guards = hold_all(&l, &names, Duration::from_secs(2)).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let lost = guards.iter().filter(|g| !g.is_held()).count();
     assert_eq!(lost, 0, "{lost} of 200 locks lost");

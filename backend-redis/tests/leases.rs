@@ -10,22 +10,14 @@ mod harness;
 use std::time::Duration;
 
 use harness::{admin, script_calls, servers};
-use lockcore::{LockGuard, LockOptions, Wait};
-use lockcore_conformance::cases::must_be_held;
+use lockcore::LockGuard;
+use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::{own_cases, run_serial, ConnectFuture, Ctx, Target, UrlHarness};
 
-/// `n` locks named `{prefix}/{i}` with `ttl`, taken at once (so that their
-/// renewals come due together, however slow the machine).
+/// `n` locks named `{prefix}/{i}` with `ttl`, taken at once.
 async fn hold(ctx: &Ctx, prefix: &str, n: usize, ttl: Duration) -> Vec<LockGuard> {
-    let l = ctx.locker().await;
-    let opts = LockOptions::new().ttl(ttl).wait(Wait::Try);
     let names: Vec<String> = (0..n).map(|i| ctx.name(&format!("{prefix}/{i}"))).collect();
-    let taking = names.iter().map(|name| l.acquire(name, &opts));
-    futures_util::future::join_all(taking)
-        .await
-        .into_iter()
-        .map(|g| g.expect("acquire").expect("free"))
-        .collect()
+    hold_all(&ctx.locker().await, &names, ttl).await
 }
 
 /// 300 locks renewed for 4 s (every second) cost a few script calls on

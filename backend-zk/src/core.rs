@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use lockcore::raw::prelude::*;
 use lockcore::raw::sync::lock;
+use tokio::sync::watch;
 use zookeeper_client as zk;
 
-use crate::config::{AclMode, ZkConfig};
+use crate::config::{AclMode, ZkConfig, NAME};
 use crate::nodes::lock_parent;
 use crate::session::Session;
 
@@ -60,12 +61,19 @@ pub struct ZkBackend {
     pub(crate) counters: Arc<ZkCounters>,
 }
 
+/// How a session's opening ended, for the callers that waited for it: the
+/// session, or the error's kind and message.
+type Opened = Option<std::result::Result<Arc<Session>, (ErrorKind, String)>>;
+
 /// The open sessions, by timeout in whole seconds.
 #[derive(Default)]
 struct Sessions {
     by_secs: HashMap<u64, Weak<Session>>,
     /// The most recently used, kept open while idle (most recent last).
     recent: VecDeque<Arc<Session>>,
+    /// Sessions being opened, by timeout: the callers that need one wait
+    /// for that opening instead of opening one each.
+    opening: HashMap<u64, watch::Receiver<Opened>>,
 }
 
 impl Sessions {
@@ -183,30 +191,67 @@ impl ZkBackend {
         Ok(open.len())
     }
 
-    /// The session for `ttl`, opening one if there is none alive. The pool
-    /// is not locked while a session is opened: during an outage every
-    /// caller waits one connect timeout, not one per caller ahead of it.
+    /// The session for `ttl`, opening one if there is none alive. Callers
+    /// that need the same timeout while it opens wait for that one opening
+    /// (a server limits the connections of one address), and the pool is
+    /// not locked meanwhile: during an outage every caller waits one
+    /// connect timeout, not one per caller ahead of it.
     pub(crate) async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
         let secs = whole_seconds(ttl);
-        {
+        loop {
+            let (tx, mut rx) = {
+                let mut sessions = lock(&self.sessions);
+                if let Some(s) = sessions.live(secs) {
+                    sessions.touch(&s);
+                    return Ok(s);
+                }
+                match sessions.opening.get(&secs) {
+                    // Being opened (its opener has not given up).
+                    Some(rx) if rx.has_changed().is_ok() => (None, rx.clone()),
+                    _ => {
+                        let (tx, rx) = watch::channel(None);
+                        sessions.opening.insert(secs, rx.clone());
+                        (Some(tx), rx)
+                    }
+                }
+            };
+            let Some(tx) = tx else {
+                let Ok(opened) = rx.wait_for(Option::is_some).await else {
+                    // The opener was dropped before it finished: open anew.
+                    continue;
+                };
+                return match opened.as_ref() {
+                    Some(Ok(s)) => Ok(s.clone()),
+                    Some(Err((kind, message))) => Err(Error::new(*kind, NAME, message.clone())),
+                    None => continue,
+                };
+            };
+            // Dropped here (this call cancelled), `tx` goes with it, and the
+            // callers waiting for it open anew.
+            let opened = Session::connect(&self.cfg, Duration::from_secs(secs)).await;
             let mut sessions = lock(&self.sessions);
-            if let Some(s) = sessions.live(secs) {
-                sessions.touch(&s);
-                return Ok(s);
-            }
+            sessions.opening.remove(&secs);
+            let s = match opened {
+                Ok(s) => s,
+                Err(e) => {
+                    tx.send_replace(Some(Err((e.kind(), e.message().to_owned()))));
+                    return Err(e);
+                }
+            };
+            self.counters
+                .sessions_opened
+                .fetch_add(1, Ordering::Relaxed);
+            let s = match sessions.live(secs) {
+                // Opened beside this one all the same: use it, ours expires.
+                Some(other) => other,
+                None => {
+                    sessions.by_secs.insert(secs, Arc::downgrade(&s));
+                    s
+                }
+            };
+            sessions.touch(&s);
+            tx.send_replace(Some(Ok(s.clone())));
+            return Ok(s);
         }
-        let s = Session::connect(&self.cfg, Duration::from_secs(secs)).await?;
-        self.counters
-            .sessions_opened
-            .fetch_add(1, Ordering::Relaxed);
-        let mut sessions = lock(&self.sessions);
-        if let Some(other) = sessions.live(secs) {
-            // Another caller opened one meanwhile: use it, ours expires.
-            sessions.touch(&other);
-            return Ok(other);
-        }
-        sessions.by_secs.insert(secs, Arc::downgrade(&s));
-        sessions.touch(&s);
-        Ok(s)
     }
 }

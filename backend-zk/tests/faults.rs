@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lockcore::testing::history::History;
 use lockcore::{ErrorKind, LockOptions, Locker};
-use lockcore_conformance::cases::must_be_held;
+use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
 use lockcore_conformance::scenarios::rw_beside_a_foreign_hold;
 use lockcore_conformance::{
@@ -195,18 +195,8 @@ async fn renewals_cost_one_request_per_session(ctx: Ctx) {
     let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
         .await
         .expect("connect");
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(3))
-        .wait(lockcore::Wait::Try);
-    let mut guards = Vec::new();
-    for i in 0..300 {
-        let g = l
-            .acquire(&ctx.name(&format!("many/{i}")), &opts)
-            .await
-            .expect("acquire")
-            .expect("free");
-        guards.push(g);
-    }
+    let names: Vec<String> = (0..300).map(|i| ctx.name(&format!("many/{i}"))).collect();
+    let guards = hold_all(&l, &names, Duration::from_secs(3)).await;
     let before = mntr(&ctx, "zk_packets_received").await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let packets = mntr(&ctx, "zk_packets_received").await - before;
@@ -243,18 +233,8 @@ async fn shared_renewals_outlast_a_slow_server(ctx: Ctx) {
         .await
         .expect("a proxy");
     let l = lockcore_zk::connect(&routed).await.expect("connect");
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(3))
-        .wait(lockcore::Wait::Try);
-    let mut guards = Vec::new();
-    for i in 0..60 {
-        let g = l
-            .acquire(&ctx.name(&format!("slow/{i}")), &opts)
-            .await
-            .expect("acquire")
-            .expect("free");
-        guards.push(g);
-    }
+    let names: Vec<String> = (0..60).map(|i| ctx.name(&format!("slow/{i}"))).collect();
+    let guards = hold_all(&l, &names, Duration::from_secs(3)).await;
     proxies.delay(Dir::Both, Duration::from_millis(150));
     tokio::time::sleep(Duration::from_secs(6)).await;
     let lost = guards.iter().filter(|g| !g.is_held()).count();
@@ -297,6 +277,28 @@ async fn sessions_do_not_pile_up(ctx: Ctx) {
         during - before
     );
     drop(l);
+}
+
+/// 200 first acquisitions at once with a ttl no session has yet open one
+/// session between them, not one each (a server limits the connections of
+/// one address: ZooKeeper's `maxClientCnxns` is 60 by default): all are
+/// granted, and the server counts one more connection.
+async fn first_acquires_at_once_share_one_session(ctx: Ctx) {
+    let l = lockcore_zk::connect(&format!("zk://{}{CHROOT}", hosts(&ctx)))
+        .await
+        .expect("connect");
+    let before = mntr(&ctx, "zk_num_alive_connections").await;
+    let names: Vec<String> = (0..200).map(|i| ctx.name(&format!("first/{i}"))).collect();
+    let guards = hold_all(&l, &names, Duration::from_secs(7)).await;
+    let during = mntr(&ctx, "zk_num_alive_connections").await;
+    assert!(
+        during <= before + 1,
+        "200 first acquisitions with one ttl opened {} connections",
+        during - before
+    );
+    for g in guards {
+        g.release().await.expect("release");
+    }
 }
 
 /// Tries with new ttls (each needing a session of its own) against an
@@ -1291,6 +1293,7 @@ fn main() -> std::process::ExitCode {
             session_expiry_under_holder_and_waiter,
             ttl_outside_server_bounds,
             sessions_do_not_pile_up,
+            first_acquires_at_once_share_one_session,
             renewals_cost_one_request_per_session,
             shared_renewals_outlast_a_slow_server,
             tries_on_a_silent_ensemble_end_together,

@@ -263,6 +263,33 @@ pub(crate) async fn must_try(l: &Locker, name: &str) -> lockcore::LockGuard {
         .unwrap_or_else(|| panic!("try_lock({name:?}) found the name held, expected it free"))
 }
 
+/// Takes every one of `names` (free, with `ttl` and renewal) at once, and
+/// returns the guards in the order of the names: the leases' renewals then
+/// come due together, however slow the machine. For a backend's own tests
+/// of many held leases.
+///
+/// # Panics
+///
+/// When an acquire fails or finds its name held.
+pub async fn hold_all(l: &Locker, names: &[String], ttl: Duration) -> Vec<lockcore::LockGuard> {
+    let opts = LockOptions::new().ttl(ttl).wait(Wait::Try);
+    let mut taking = tokio::task::JoinSet::new();
+    for (i, name) in names.iter().enumerate() {
+        let (l, name) = (l.clone(), name.clone());
+        taking.spawn(async move {
+            let g = l.acquire(&name, &opts).await;
+            let g = g.unwrap_or_else(|e| panic!("acquire({name:?}) failed: {e}"));
+            (
+                i,
+                g.unwrap_or_else(|| panic!("{name:?} was held, expected it free")),
+            )
+        });
+    }
+    let mut guards: Vec<_> = taking.join_all().await;
+    guards.sort_by_key(|(i, _)| *i);
+    guards.into_iter().map(|(_, g)| g).collect()
+}
+
 /// Proves on the server that `name` is held: `l` (another owner) cannot
 /// take it, and says so at once. For a backend's own tests too.
 ///
