@@ -33,11 +33,14 @@ def main() -> int:
             n = h["leases"]
             if not n:
                 continue
-            cpu_us = h["cpu_s"] / d["duration_s"] / n * 1e6
+            cpu_us = h["cpu_percent"] / 100 / n * 1e6
             kib = h["rss_added_kib"] / n
             series.setdefault(d["label"], []).append((n, cpu_us, kib, h["all_held"]))
     for pts in series.values():
         pts.sort()
+    if not series:
+        print(f"{path}: no runs with leases held", file=sys.stderr)
+        return 65
 
     panel_w, height, left, top, bottom, gap = 380, 400, 60, 50, 80, 70
     width = left + 2 * panel_w + gap + 20

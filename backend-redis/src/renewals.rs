@@ -11,15 +11,20 @@
 //! On one instance (or Sentinel's master) and on each RedLock master; not
 //! on a cluster, whose keys of one call must share a slot, and not with
 //! the replica-sync guard or for a lease that carries a value, whose
-//! renewals go one to a call as before.
+//! renewals go one to a call as before. A server that refuses keys of
+//! several slots in one call (a `redis://` URL that names a cluster node,
+//! or a proxy) gets each renewal in a call of its own from then on.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use lockcore::raw::batch::{Batches, Waiting};
 use redis::RedisResult;
 use tokio::sync::oneshot;
 
+use crate::config::NAME;
 use crate::conn::Conn;
 use crate::managed::Managed;
 use crate::scripts::RENEW_MANY;
@@ -28,8 +33,13 @@ use crate::scripts::RENEW_MANY;
 pub(crate) const WINDOW: Duration = Duration::from_millis(2);
 /// Keys per call.
 pub(crate) const PER_CALL: usize = 256;
-/// Calls in flight at once (on the one connection, one after another).
-const IN_FLIGHT: usize = 8;
+/// Calls in flight at once: one, so that the calls reach the server in the
+/// order their renewals were asked. A renewal whose asker gave up after
+/// its call was put together is still sent; were a later call (with the
+/// same lease's next renewal) to overtake it (a reconnect, a script
+/// reloaded after `NOSCRIPT`), its shorter ttl would land last and cut the
+/// lease short behind its holder's back.
+const IN_FLIGHT: usize = 1;
 
 /// A lease's key and owner token, made once and shared by its renewals
 /// (on every RedLock master).
@@ -67,6 +77,9 @@ impl Waiting for Renew {
 pub(crate) struct Renewals {
     conn: Arc<Managed>,
     batches: Batches<Renew>,
+    /// The server refused keys of several slots in one call: each renewal
+    /// goes in a call of its own.
+    one_each: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Renewals {
@@ -83,6 +96,7 @@ impl Renewals {
         Arc::new(Renewals {
             conn,
             batches: Batches::new(WINDOW, PER_CALL, IN_FLIGHT),
+            one_each: Arc::default(),
         })
     }
 
@@ -92,9 +106,10 @@ impl Renewals {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a renewal dropped before its call was sent is left
-    /// out of it; one dropped after it may still extend the lease (by at
-    /// most its ttl), as a dropped single call would.
+    /// Cancel safe: a renewal dropped before its call was put together is
+    /// left out of it; one dropped after that is still sent, and may set
+    /// the lease's expiry to its ttl from then. The calls go one after
+    /// another, so any later renewal of the lease lands after it.
     pub(crate) async fn renew(&self, lease: &Arc<KeyToken>, ttl_ms: u64) -> RedisResult<i64> {
         let (reply, answer) = oneshot::channel();
         let ask = Renew {
@@ -103,10 +118,10 @@ impl Renewals {
             reply,
         };
         self.batches.send(ask, || {
-            let conn = Conn::Single(self.conn.clone());
+            let (conn, one_each) = (Conn::Single(self.conn.clone()), self.one_each.clone());
             move |batch| {
-                let conn = conn.clone();
-                async move { renew_batch(&conn, batch).await }
+                let (conn, one_each) = (conn.clone(), one_each.clone());
+                async move { renew_batch(&conn, batch, &one_each).await }
             }
         });
         answer.await.unwrap_or_else(|_| {
@@ -118,8 +133,36 @@ impl Renewals {
     }
 }
 
-/// One [`RENEW_MANY`] call for `batch`; answers each renewal.
-async fn renew_batch(conn: &Conn, batch: Vec<Renew>) {
+/// One [`RENEW_MANY`] call for `batch` (a call per renewal, from then on,
+/// once the server refused keys of several slots in one); answers each
+/// renewal.
+///
+/// The renewals of one batch are of distinct leases (a lease's next
+/// renewal is asked after its last one was answered, or dropped, and a
+/// dropped one is left out until its batch is put together), so their calls
+/// of one key each may go at once; the next batch waits for them all.
+async fn renew_batch(conn: &Conn, batch: Vec<Renew>, one_each: &AtomicBool) {
+    let batch = if one_each.load(Ordering::Relaxed) {
+        batch
+    } else {
+        match renew_call(conn, batch).await {
+            None => return,
+            Some(refused) => {
+                one_each.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    backend = NAME,
+                    "the server refused the renewals of several keys in one script call (CROSSSLOT: a cluster node, or a proxy); renewing each in a call of its own"
+                );
+                refused
+            }
+        }
+    };
+    join_all(batch.into_iter().map(|r| renew_call(conn, vec![r]))).await;
+}
+
+/// One [`RENEW_MANY`] call for `batch`; answers each renewal, or gives the
+/// batch back when the server refused its keys of several slots.
+async fn renew_call(conn: &Conn, batch: Vec<Renew>) -> Option<Vec<Renew>> {
     let mut call = RENEW_MANY.prepare_invoke();
     for r in &batch {
         call.key(r.lease.key.as_str());
@@ -144,10 +187,17 @@ async fn renew_batch(conn: &Conn, batch: Vec<Renew>) {
                 let _ = r.reply.send(Err(e.clone()));
             }
         }
+        Err(e)
+            if batch.len() > 1
+                && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot) =>
+        {
+            return Some(batch);
+        }
         Err(e) => {
             for r in batch {
                 let _ = r.reply.send(Err(e.clone()));
             }
         }
     }
+    None
 }

@@ -110,8 +110,9 @@ return 0",
 /// when it held its owner's token and was renewed (`PEXPIRE`); 0 when
 /// another owner holds it (or a value of another type is there); -1 when
 /// there is no such key (it expired, an operator deleted it, or a RedLock
-/// instance restarted without persistence). One key's answer never fails
-/// the others'.
+/// instance restarted without persistence). A key's owner or type never
+/// fails the others' answers (a server error does: `READONLY`, or a ttl the
+/// server refuses, which lockcore's 24 h bound on ttls keeps out).
 pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"local r = {}

@@ -10,7 +10,7 @@ mod harness;
 use std::time::Duration;
 
 use harness::{admin, script_calls, servers};
-use lockcore::LockGuard;
+use lockcore::{LockGuard, LockOptions, Wait};
 use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::{own_cases, run_serial, ConnectFuture, Ctx, Target, UrlHarness};
 
@@ -47,42 +47,43 @@ async fn renewals_share_script_calls(ctx: Ctx) {
     }
 }
 
-/// Locks whose renewals go in one call each get their own key's answer:
-/// of 40 locks, the one whose key another owner took, the one whose key
-/// was deleted and the one whose key became a list (on every master) are
-/// lost within their ttl; the others stay held on the server.
+/// Locks whose renewals go in one call each get their own key's answer,
+/// across calls too (600 locks, more than one call takes): the locks whose
+/// key another owner took, whose key was deleted, and whose key became a
+/// list (on every master), one on each side of a call's 256 keys, are lost
+/// within their ttl, and the other owner's key is left as it was; the
+/// others stay held on the server.
 async fn each_renewal_gets_its_own_answer(ctx: Ctx) {
+    const TAKEN: [usize; 2] = [7, 300];
+    const DELETED: [usize; 2] = [21, 590];
+    const LISTS: [usize; 2] = [33, 257];
+    let bad: Vec<usize> = [TAKEN, DELETED, LISTS].concat();
     let ttl = Duration::from_secs(1);
-    let guards = hold(&ctx, "own", 40, ttl).await;
+    let guards = hold(&ctx, "own", 600, ttl).await;
     let key = |i: usize| lockcore_redis::lock_key("lock:", &ctx.name(&format!("own/{i}")));
     for server in servers(&ctx.config) {
         let mut c = admin(&server).await;
-        let () = redis::cmd("SET")
-            .arg(key(7))
-            .arg("another owner")
-            .arg("PX")
-            .arg(30_000)
-            .query_async(&mut c)
-            .await
-            .expect("SET");
-        let _: i64 = redis::cmd("DEL")
-            .arg(key(21))
-            .query_async(&mut c)
-            .await
-            .expect("DEL");
-        let _: i64 = redis::cmd("DEL")
-            .arg(key(33))
-            .query_async(&mut c)
-            .await
-            .expect("DEL");
-        let _: i64 = redis::cmd("RPUSH")
-            .arg(key(33))
-            .arg("not a lock")
-            .query_async(&mut c)
-            .await
-            .expect("RPUSH");
+        let mut pipe = redis::pipe();
+        // One transaction: no renewal sees a key gone halfway (RedLock
+        // would take it back).
+        pipe.atomic();
+        for i in TAKEN {
+            pipe.cmd("SET")
+                .arg(key(i))
+                .arg("another owner")
+                .arg("PX")
+                .arg(30_000)
+                .ignore();
+        }
+        for i in DELETED.into_iter().chain(LISTS) {
+            pipe.cmd("DEL").arg(key(i)).ignore();
+        }
+        for i in LISTS {
+            pipe.cmd("RPUSH").arg(key(i)).arg("not a lock").ignore();
+        }
+        let () = pipe.query_async(&mut c).await.expect("MULTI");
     }
-    for i in [7, 21, 33] {
+    for &i in &bad {
         // Validity counts at most one ttl from the last renewal; a loaded
         // machine gets the same again.
         tokio::time::timeout(ttl * 3, guards[i].lost())
@@ -91,24 +92,79 @@ async fn each_renewal_gets_its_own_answer(ctx: Ctx) {
     }
     let other = ctx.locker().await;
     for (i, g) in guards.iter().enumerate() {
-        if ![7, 21, 33].contains(&i) {
+        if !bad.contains(&i) {
             assert!(g.is_held(), "lock {i} was lost with its neighbours");
-            must_be_held(&other, &ctx.name(&format!("own/{i}"))).await;
         }
+    }
+    for i in [0, 8, 256, 299, 301, 599] {
+        must_be_held(&other, &ctx.name(&format!("own/{i}"))).await;
     }
     for server in servers(&ctx.config) {
         let mut c = admin(&server).await;
+        for i in TAKEN {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(key(i))
+                .query_async(&mut c)
+                .await
+                .expect("PTTL");
+            // Set to 30 s; a renewal of ours would have set it to 1 s.
+            assert!(
+                pttl > 20_000,
+                "another owner's key {i} was renewed: pttl {pttl} ms"
+            );
+        }
         let _: i64 = redis::cmd("DEL")
-            .arg(key(7))
-            .arg(key(33))
+            .arg(TAKEN.into_iter().chain(LISTS).map(key).collect::<Vec<_>>())
             .query_async(&mut c)
             .await
             .expect("DEL");
     }
     for (i, g) in guards.into_iter().enumerate() {
-        if ![7, 21, 33].contains(&i) {
+        if !bad.contains(&i) {
             g.release().await.expect("release");
         }
+    }
+}
+
+/// A `redis://` URL that names one node of a cluster: the node refuses the
+/// keys of several slots in one script call (CROSSSLOT), so the renewals
+/// go one to a call from then on, and the locks on that node's slots stay
+/// held (the names of other slots are refused there, `MOVED`).
+async fn renewals_on_a_cluster_node_go_one_each(ctx: Ctx) {
+    let node = servers(&ctx.config).into_iter().next().expect("a node");
+    let l = lockcore_redis::connect(&node).await.expect("connect");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait(Wait::Try);
+    let mut held = Vec::new();
+    for i in 0..400 {
+        let name = ctx.name(&format!("node/{i}"));
+        if let Ok(Some(g)) = l.acquire(&name, &opts).await {
+            held.push((name, g));
+        }
+        if held.len() == 20 {
+            break;
+        }
+    }
+    assert_eq!(held.len(), 20, "20 names on the node's slots");
+    // Renewals asked at once, which go in one call first.
+    let extending = held.iter().map(|(_, g)| g.extend(Duration::from_secs(2)));
+    for (r, (name, _)) in futures_util::future::join_all(extending)
+        .await
+        .iter()
+        .zip(&held)
+    {
+        assert!(r.is_ok(), "extending {name}: {r:?}");
+    }
+    // Three ttls of renewals.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let other = lockcore_redis::connect(&node).await.expect("connect");
+    for (name, g) in &held {
+        assert!(g.is_held(), "{name} was lost");
+        must_be_held(&other, name).await;
+    }
+    for (_, g) in held {
+        g.release().await.expect("release");
     }
 }
 
@@ -130,5 +186,14 @@ fn main() -> std::process::ExitCode {
     run_serial(vec![
         target("redis-leases", "LOCKTEST_REDIS_URL"),
         target("redlock-leases", "LOCKTEST_REDLOCK_URL"),
+        own_cases!(
+            Target::new(
+                "redis-cluster-node-leases",
+                Some("LOCKTEST_REDIS_CLUSTER_URL"),
+                |url| async move { Ok(UrlHarness::shared(url, connect)) },
+            )
+            .only_own_cases(),
+            renewals_on_a_cluster_node_go_one_each,
+        ),
     ])
 }

@@ -179,7 +179,8 @@ pub(super) async fn on_each(
 
 /// Renews `lease` on every instance at once, in each instance's next batch
 /// of renewals, within `limit`: `(1, 0)` renewed, `(0, 0)` another
-/// owner's, `(-1, 0)` missing, `None` no answer in time.
+/// owner's (or a value of another type), `(-1, 0)` missing, `None` no
+/// answer in time.
 pub(super) async fn renew_all(
     instances: &[Instance],
     lease: &Arc<KeyToken>,

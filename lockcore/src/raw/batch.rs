@@ -56,11 +56,11 @@ impl<T: Send + 'static> Worker<T> {
     /// runtime with no runtime to start the task on.
     pub fn send<F, Fut>(&self, item: T, start: F)
     where
-        F: FnOnce(mpsc::UnboundedReceiver<T>) -> Fut,
+        F: Fn(mpsc::UnboundedReceiver<T>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let mut tx = lock(&self.tx);
-        let (item, ended) = match tx.as_ref() {
+        let (mut item, mut ended) = match tx.as_ref() {
             Some(t) => match t.send(item) {
                 Ok(()) => return,
                 // The task ended with the runtime that ran it.
@@ -68,22 +68,30 @@ impl<T: Send + 'static> Worker<T> {
             },
             None => (item, false),
         };
-        let (new_tx, rx) = mpsc::unbounded_channel();
-        {
-            let mut rt = lock(&self.runtime);
-            if ended || rt.is_none() {
-                if let Ok(current) = Handle::try_current() {
-                    *rt = Some(current);
+        // Twice at most: a runtime that ended drops the task it is given
+        // (and the receiver with it); the second time, on the current one.
+        for _ in 0..2 {
+            let (new_tx, rx) = mpsc::unbounded_channel();
+            {
+                let mut rt = lock(&self.runtime);
+                if ended || rt.is_none() {
+                    if let Ok(current) = Handle::try_current() {
+                        *rt = Some(current);
+                    }
                 }
+                let Some(rt) = rt.as_ref() else {
+                    return;
+                };
+                rt.spawn(start(rx));
             }
-            let Some(rt) = rt.as_ref() else {
-                return;
-            };
-            rt.spawn(start(rx));
+            match new_tx.send(item) {
+                Ok(()) => {
+                    *tx = Some(new_tx);
+                    return;
+                }
+                Err(mpsc::error::SendError(back)) => (item, ended) = (back, true),
+            }
         }
-        // The receiver is alive: it was just made.
-        let _ = new_tx.send(item);
-        *tx = Some(new_tx);
     }
 }
 
@@ -119,6 +127,7 @@ pub trait Waiting: Send + 'static {
 ///     let (tx, rx) = oneshot::channel();
 ///     let calls = calls.clone();
 ///     batches.send(Ask(n, tx), move || {
+///         let calls = calls.clone();
 ///         move |batch: Vec<Ask>| {
 ///             calls.fetch_add(1, Ordering::Relaxed);
 ///             async move {
@@ -175,17 +184,17 @@ impl<T: Waiting> Batches<T> {
     }
 
     /// Queues `item` for the next call. If no task runs, one starts with
-    /// the calling function that `make` gives (called once per task); each
-    /// call answers every request of its batch.
+    /// the calling function that `make` gives (called once per task
+    /// started); each call answers every request of its batch.
     pub fn send<M, C, Fut>(&self, item: T, make: M)
     where
-        M: FnOnce() -> C,
+        M: Fn() -> C,
         C: Fn(Vec<T>) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (window, most, in_flight) = (self.window, self.most.clone(), self.in_flight);
         self.task
-            .send(item, |rx| run(rx, make(), window, most, in_flight));
+            .send(item, |rx| run(rx, make(), window, most.clone(), in_flight));
     }
 }
 
@@ -266,6 +275,7 @@ mod tests {
             let (tx, rx) = oneshot::channel();
             let sizes = sizes.clone();
             batches.send(Ask(i, tx), move || {
+                let sizes = sizes.clone();
                 move |batch: Vec<Ask>| {
                     sizes.lock().unwrap().push(batch.len());
                     async move {

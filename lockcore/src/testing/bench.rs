@@ -370,13 +370,36 @@ pub fn rss_kib() -> u64 {
 /// User + system CPU time of this process (Linux; zero elsewhere).
 pub fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // After the command name (in parentheses) come the state (not a number),
-    // then numeric fields from ppid on; utime and stime are the 11th and 12th.
+    Duration::from_millis(cpu_ticks(&stat) * 10) // USER_HZ is 100 on Linux
+}
+
+/// utime + stime, in clock ticks, of a `/proc/PID/stat` line: the 14th and
+/// 15th fields, counted by position after the command name (in
+/// parentheses), since some fields before them can be negative (`tpgid` is
+/// -1 without a controlling terminal).
+fn cpu_ticks(stat: &str) -> u64 {
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
-    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+    // After the name: state, ppid, pgrp, session, tty_nr, tpgid, flags,
+    // minflt, cminflt, majflt, cmajflt, utime, stime.
+    let field = |i: usize| -> u64 {
+        rest.split_whitespace()
+            .nth(i)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_ticks;
+
+    #[test]
+    fn cpu_ticks_by_position_without_a_terminal() {
+        // tty_nr 0 and tpgid -1: a process without a controlling terminal.
+        let stat = "4242 (dist lock) S 1 4242 4242 0 -1 4194560 1500 0 0 0 700 30 5 6 20 0 9 0";
+        assert_eq!(cpu_ticks(stat), 730);
+        let with_tty = "4242 (x) S 1 4242 4242 34816 4242 4194560 1500 0 0 0 700 30 5 6 20 0 9 0";
+        assert_eq!(cpu_ticks(with_tty), 730);
+    }
 }
