@@ -12,8 +12,9 @@
 //! on a cluster, whose keys of one call must share a slot, and not with
 //! the replica-sync guard or for a lease that carries a value, whose
 //! renewals go one to a call as before. A server that refuses keys of
-//! several slots in one call (a `redis://` URL that names a cluster node,
-//! or a proxy) gets each renewal in a call of its own from then on.
+//! several slots in one call with `CROSSSLOT` (a `redis://` URL that names
+//! a cluster node, or a proxy that answers so) gets each renewal in a call
+//! of its own from then on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,12 +34,20 @@ use crate::scripts::RENEW_MANY;
 pub(crate) const WINDOW: Duration = Duration::from_millis(2);
 /// Keys per call.
 pub(crate) const PER_CALL: usize = 256;
-/// Calls in flight at once: one, so that the calls reach the server in the
-/// order their renewals were asked. A renewal whose asker gave up after
-/// its call was put together is still sent; were a later call (with the
-/// same lease's next renewal) to overtake it (a reconnect, a script
-/// reloaded after `NOSCRIPT`), its shorter ttl would land last and cut the
-/// lease short behind its holder's back.
+/// Calls in flight at once: one, so that on one connection the calls reach
+/// the server in the order their renewals were asked. A renewal whose
+/// asker gave up after its call was put together is still sent; were a
+/// later call (with the same lease's next renewal) to overtake it (a script
+/// reloaded after `NOSCRIPT`), a shorter ttl in it would land last and cut
+/// the lease short behind its holder's back. (A call the client gave up on
+/// at its response timeout may still run on the server after the next call
+/// went on a new connection, as a single call could before.)
+///
+/// The cost: one server takes at most [`PER_CALL`] renewals per round trip
+/// (plus the script's time), and a renewal may wait for the call before
+/// its own: on a link of tens of milliseconds, with tens of thousands of
+/// short-ttl leases, renewals fall behind. Keeping several calls in flight
+/// with each lease's renewals in order is the way past that.
 const IN_FLIGHT: usize = 1;
 
 /// A lease's key and owner token, made once and shared by its renewals
@@ -153,7 +162,9 @@ async fn renew_batch(conn: &Conn, batch: Vec<Renew>, one_each: &AtomicBool) {
                     backend = NAME,
                     "the server refused the renewals of several keys in one script call (CROSSSLOT: a cluster node, or a proxy); renewing each in a call of its own"
                 );
-                refused
+                // Nothing of the refused call applied: leave out the
+                // renewals given up meanwhile.
+                refused.into_iter().filter(|r| !r.gave_up()).collect()
             }
         }
     };

@@ -57,7 +57,7 @@ const KEEP_IDLE: usize = 4;
 pub struct ZkBackend {
     pub(crate) cfg: Arc<ZkConfig>,
     pub(crate) acls: Arc<Vec<zk::Acl>>,
-    sessions: std::sync::Mutex<Sessions>,
+    sessions: Arc<std::sync::Mutex<Sessions>>,
     pub(crate) counters: Arc<ZkCounters>,
 }
 
@@ -131,7 +131,7 @@ impl ZkBackend {
         let backend = ZkBackend {
             acls: Arc::new(acls_of(cfg.acl)),
             cfg: Arc::new(cfg),
-            sessions: std::sync::Mutex::default(),
+            sessions: Arc::default(),
             counters: Arc::default(),
         };
         backend.session(lockcore::DEFAULT_TTL).await?;
@@ -191,67 +191,96 @@ impl ZkBackend {
         Ok(open.len())
     }
 
-    /// The session for `ttl`, opening one if there is none alive. Callers
-    /// that need the same timeout while it opens wait for that one opening
-    /// (a server limits the connections of one address), and the pool is
-    /// not locked meanwhile: during an outage every caller waits one
-    /// connect timeout, not one per caller ahead of it.
+    /// The session for `ttl`, opening one if there is none alive. An
+    /// opening is a task of its own that every caller needing that timeout
+    /// meanwhile waits for (a server limits the connections of one
+    /// address), so a caller that gives up does not stop it for the
+    /// others; the pool is not locked meanwhile: during an outage every
+    /// caller waits one connect timeout, not one per caller ahead of it.
     pub(crate) async fn session(&self, ttl: Duration) -> Result<Arc<Session>> {
         let secs = whole_seconds(ttl);
+        // The opening ends by its own connect timeout; this only bounds a
+        // wait for a task that is never polled (its runtime shutting down).
+        let bound = self.cfg.connect_timeout * 3 + Duration::from_secs(1);
         loop {
-            let (tx, mut rx) = {
+            let mut rx = {
                 let mut sessions = lock(&self.sessions);
                 if let Some(s) = sessions.live(secs) {
                     sessions.touch(&s);
                     return Ok(s);
                 }
                 match sessions.opening.get(&secs) {
-                    // Being opened (its opener has not given up).
-                    Some(rx) if rx.has_changed().is_ok() => (None, rx.clone()),
+                    // Being opened (its task has not ended).
+                    Some(rx) if rx.has_changed().is_ok() => rx.clone(),
                     _ => {
                         let (tx, rx) = watch::channel(None);
                         sessions.opening.insert(secs, rx.clone());
-                        (Some(tx), rx)
+                        let opening = Opening {
+                            cfg: self.cfg.clone(),
+                            pool: self.sessions.clone(),
+                            counters: self.counters.clone(),
+                            secs,
+                        };
+                        tokio::spawn(opening.run(tx));
+                        rx
                     }
                 }
             };
-            let Some(tx) = tx else {
-                let Ok(opened) = rx.wait_for(Option::is_some).await else {
-                    // The opener was dropped before it finished: open anew.
-                    continue;
-                };
-                return match opened.as_ref() {
-                    Some(Ok(s)) => Ok(s.clone()),
-                    Some(Err((kind, message))) => Err(Error::new(*kind, NAME, message.clone())),
-                    None => continue,
-                };
-            };
-            // Dropped here (this call cancelled), `tx` goes with it, and the
-            // callers waiting for it open anew.
-            let opened = Session::connect(&self.cfg, Duration::from_secs(secs)).await;
-            let mut sessions = lock(&self.sessions);
-            sessions.opening.remove(&secs);
-            let s = match opened {
-                Ok(s) => s,
-                Err(e) => {
-                    tx.send_replace(Some(Err((e.kind(), e.message().to_owned()))));
-                    return Err(e);
+            match tokio::time::timeout(bound, rx.wait_for(Option::is_some)).await {
+                Ok(Ok(opened)) => match opened.as_ref() {
+                    Some(Ok(s)) if !s.is_dead() => return Ok(s.clone()),
+                    Some(Err((kind, message))) => {
+                        return Err(Error::new(*kind, NAME, message.clone()))
+                    }
+                    // Dead already (expired meanwhile): open anew.
+                    _ => {}
+                },
+                // The task ended without a result (its runtime shut down).
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    return Err(Error::unavailable(
+                        NAME,
+                        format!("opening a ZooKeeper session: no outcome within {bound:?}"),
+                    ))
                 }
             };
-            self.counters
-                .sessions_opened
-                .fetch_add(1, Ordering::Relaxed);
-            let s = match sessions.live(secs) {
-                // Opened beside this one all the same: use it, ours expires.
-                Some(other) => other,
-                None => {
-                    sessions.by_secs.insert(secs, Arc::downgrade(&s));
-                    s
-                }
-            };
-            sessions.touch(&s);
-            tx.send_replace(Some(Ok(s.clone())));
-            return Ok(s);
         }
+    }
+}
+
+/// The opening of one session, in a task of its own.
+struct Opening {
+    cfg: Arc<ZkConfig>,
+    pool: Arc<std::sync::Mutex<Sessions>>,
+    counters: Arc<ZkCounters>,
+    secs: u64,
+}
+
+impl Opening {
+    /// Opens the session, puts it in the pool and tells the waiters.
+    async fn run(self, tx: watch::Sender<Opened>) {
+        let opened = Session::connect(&self.cfg, Duration::from_secs(self.secs)).await;
+        let mut sessions = lock(&self.pool);
+        sessions.opening.remove(&self.secs);
+        let s = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                tx.send_replace(Some(Err((e.kind(), e.message().to_owned()))));
+                return;
+            }
+        };
+        self.counters
+            .sessions_opened
+            .fetch_add(1, Ordering::Relaxed);
+        let s = match sessions.live(self.secs) {
+            // Opened beside this one all the same: use it, ours expires.
+            Some(other) => other,
+            None => {
+                sessions.by_secs.insert(self.secs, Arc::downgrade(&s));
+                s
+            }
+        };
+        sessions.touch(&s);
+        tx.send_replace(Some(Ok(s)));
     }
 }
