@@ -1,11 +1,15 @@
-//! The watchdog: one timer queue per backend handle, and one task that hands
-//! due leases their check.
+//! The watchdog: one timer queue per backend handle, and one task that runs
+//! due leases' checks.
 //!
 //! A lease costs a queue entry, not a task: taking and releasing it is a
 //! queue insert and remove, and 10,000 held leases are 10,000 entries. When
-//! an entry comes due, a short task runs the lease's own
-//! [`check`](Watched::check) (renew, or raise the lost signal) and puts the
-//! lease back in the queue for the instant the check asks for.
+//! entries come due, the watchdog's task takes every one due at once and
+//! runs each lease's own [`check`](Watched::check) (renew, or raise the
+//! lost signal) among its own futures, concurrently, with no task spawned
+//! per check; as checks finish, their leases go back in the queue for the
+//! instant each asks for, together under one lock. A check that panics
+//! ends its lease's watch only (it is caught and logged), as a task of its
+//! own would.
 //!
 //! **Waking the queue's task.** A queue wakes its task when an insert is
 //! due before everything in it, and when a removal empties it: with one
@@ -24,11 +28,13 @@
 //! not longer.
 
 use std::future::{poll_fn, Future};
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::task::JoinHandle;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
 
@@ -78,6 +84,24 @@ struct Queue {
     used: bool,
 }
 
+impl Queue {
+    /// Puts `item` in the queue at `at` (clamped to its `not_after`), or
+    /// moves it there if it is in already. Called with the queue locked.
+    fn put(&mut self, item: &Arc<dyn Watched>, at: Instant) {
+        let at = at.min(item.not_after());
+        let mut key = lock(&item.timer().key);
+        match key.as_ref() {
+            Some(k) => self.entries.reset_at(k, at.into()),
+            None => {
+                *key = Some(
+                    self.entries
+                        .insert_at(Entry::Lease(Arc::downgrade(item)), at.into()),
+                );
+            }
+        }
+    }
+}
+
 /// The timer queue of one backend handle.
 #[derive(Default)]
 pub(crate) struct Watchdog {
@@ -108,18 +132,7 @@ impl Watchdog {
                 let tick = tokio::time::Instant::now() + TICK;
                 queue.entries.insert_at(Entry::Tick, tick);
             }
-            let at = at.min(item.not_after());
-            let mut key = lock(&item.timer().key);
-            match key.as_ref() {
-                Some(k) => queue.entries.reset_at(k, at.into()),
-                None => {
-                    *key = Some(
-                        queue
-                            .entries
-                            .insert_at(Entry::Lease(Arc::downgrade(item)), at.into()),
-                    );
-                }
-            }
+            queue.put(item, at);
         }
         self.ensure_running();
     }
@@ -143,64 +156,176 @@ impl Watchdog {
     }
 }
 
-/// Hands due items to their checks until the watchdog is gone.
-async fn run(watchdog: Weak<Watchdog>) {
-    loop {
-        let due = poll_fn(|cx| {
-            let Some(wd) = watchdog.upgrade() else {
-                return Poll::Ready(None);
-            };
-            let mut queue = lock(&wd.queue);
-            loop {
-                match queue.entries.poll_expired(cx) {
-                    // Empty: the next insert wakes this task.
-                    Poll::Ready(None) => return Poll::Pending,
-                    Poll::Ready(Some(expired)) => match expired.into_inner() {
-                        Entry::Tick => {
-                            // Renewed while the queue is in use; a quiet
-                            // tick lapses (the queue may empty then).
-                            if std::mem::take(&mut queue.used) {
-                                let tick = tokio::time::Instant::now() + TICK;
-                                queue.entries.insert_at(Entry::Tick, tick);
-                            } else {
-                                queue.ticking = false;
-                            }
-                        }
-                        Entry::Lease(weak) => {
-                            let item = weak.upgrade();
-                            if let Some(it) = &item {
-                                // The key is spent: clear it before the queue
-                                // can hand the same key to another item.
-                                *lock(&it.timer().key) = None;
-                            }
-                            return Poll::Ready(Some((wd.clone(), item)));
-                        }
-                    },
-                    Poll::Pending => return Poll::Pending,
-                }
+/// One check running in the watchdog's task, with its item.
+struct Running {
+    item: Arc<dyn Watched>,
+    check: CheckFuture,
+}
+
+impl Future for Running {
+    /// The item, and when to check it next (`None`: stop watching).
+    type Output = (Arc<dyn Watched>, Option<Instant>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        // A panic in one check ends that item's watch, not the others'.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| this.check.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(next)) => Poll::Ready((this.item.clone(), next)),
+            Err(_) => {
+                tracing::error!("a lease's check panicked; the lease is no longer renewed");
+                Poll::Ready((this.item.clone(), None))
             }
-        })
-        .await;
-        let Some((wd, item)) = due else {
-            return;
-        };
-        let Some(item) = item else {
-            continue;
-        };
-        tokio::spawn(async move {
-            if let Some(next) = item.clone().check().await {
-                wd.schedule(&item, next, false);
-            }
-        });
+        }
     }
+}
+
+/// How many due entries one pass of the watchdog's task starts before it
+/// lets other tasks run.
+const DUE_PER_PASS: usize = 512;
+
+/// Runs due items' checks until the watchdog is gone and no check runs.
+async fn run(watchdog: Weak<Watchdog>) {
+    let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
+    let mut again: Vec<(Arc<dyn Watched>, Instant)> = Vec::new();
+    poll_fn(|cx| {
+        // Finished checks first: their items go back in the queue below.
+        let mut progressed = false;
+        while let Poll::Ready(Some((item, next))) = running.poll_next_unpin(cx) {
+            progressed = true;
+            if let Some(next) = next {
+                again.push((item, next));
+            }
+        }
+        let Some(wd) = watchdog.upgrade() else {
+            // No handle and no lease: the checks still running finish
+            // (their leases are gone too).
+            return if running.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            };
+        };
+        let mut queue = lock(&wd.queue);
+        for (item, next) in again.drain(..) {
+            queue.put(&item, next);
+        }
+        // The entries due now (up to a pass's worth), each check started.
+        let mut started = 0;
+        while started < DUE_PER_PASS {
+            match queue.entries.poll_expired(cx) {
+                // Empty (the next insert wakes this task), or nothing due.
+                Poll::Ready(None) | Poll::Pending => break,
+                Poll::Ready(Some(expired)) => match expired.into_inner() {
+                    Entry::Tick => {
+                        // Renewed while the queue is in use; a quiet tick
+                        // lapses (the queue may empty then).
+                        if std::mem::take(&mut queue.used) {
+                            let tick = tokio::time::Instant::now() + TICK;
+                            queue.entries.insert_at(Entry::Tick, tick);
+                        } else {
+                            queue.ticking = false;
+                        }
+                    }
+                    Entry::Lease(weak) => {
+                        if let Some(item) = weak.upgrade() {
+                            // The key is spent: clear it before the queue
+                            // can hand the same key to another item.
+                            *lock(&item.timer().key) = None;
+                            let check = item.clone().check();
+                            running.push(Running { item, check });
+                            started += 1;
+                        }
+                    }
+                },
+            }
+        }
+        drop(queue);
+        if progressed || started > 0 {
+            // Checks just started are polled, and the rest of what is due
+            // taken, in the next pass, after other tasks had their turn.
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    })
+    .await;
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::{CheckFuture, Timer, Watchdog, Watched};
 
     use crate::locker::Locker;
     use crate::options::{LockOptions, Wait};
+
+    /// An item checked every 100 ms that counts its checks; `panics` on
+    /// its second check, or `hangs` in it forever.
+    #[derive(Default)]
+    struct Counted {
+        timer: Timer,
+        checks: AtomicUsize,
+        panics: bool,
+        hangs: bool,
+    }
+
+    impl Watched for Counted {
+        fn timer(&self) -> &Timer {
+            &self.timer
+        }
+
+        fn check(self: Arc<Self>) -> CheckFuture {
+            Box::pin(async move {
+                let n = self.checks.fetch_add(1, Ordering::SeqCst) + 1;
+                if n >= 2 && self.panics {
+                    panic!("a check that panics");
+                }
+                if n >= 2 && self.hangs {
+                    std::future::pending::<()>().await;
+                }
+                Some(crate::raw::now() + Duration::from_millis(100))
+            })
+        }
+
+        fn not_after(&self) -> Instant {
+            crate::raw::now() + Duration::from_secs(3600)
+        }
+    }
+
+    /// Checks run side by side in the watchdog's task: one that panics
+    /// ends its own item's watch, one that never finishes holds up no
+    /// other, and the rest are checked on time.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_that_panics_or_hangs_stops_only_its_own_item() {
+        let wd = Arc::new(Watchdog::default());
+        let panics = Arc::new(Counted {
+            panics: true,
+            ..Counted::default()
+        });
+        let hangs = Arc::new(Counted {
+            hangs: true,
+            ..Counted::default()
+        });
+        let fine: Vec<Arc<Counted>> = (0..50).map(|_| Arc::new(Counted::default())).collect();
+        let start = crate::raw::now() + Duration::from_millis(100);
+        for item in [&panics, &hangs].into_iter().chain(&fine) {
+            let it: Arc<dyn Watched> = item.clone();
+            wd.schedule(&it, start, true);
+        }
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        assert_eq!(panics.checks.load(Ordering::SeqCst), 2);
+        assert_eq!(hangs.checks.load(Ordering::SeqCst), 2);
+        for item in &fine {
+            let n = item.checks.load(Ordering::SeqCst);
+            assert!(
+                (9..=11).contains(&n),
+                "{n} checks in 1.05 s, one every 100 ms"
+            );
+        }
+    }
 
     /// Leases held with renewal stay held while many short leases come and
     /// go through the same queue (keys are reused by the queue: a stale key
