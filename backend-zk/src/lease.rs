@@ -9,7 +9,7 @@ use std::time::Duration;
 use lockcore::raw::prelude::*;
 
 use crate::error::{is_session_end, map_err};
-use crate::nodes::{delete_node, delete_ours, AbortOnDrop};
+use crate::nodes::{delete_node, delete_ours, watch_fired};
 use crate::session::Session;
 
 /// Flags shared by a lease and its watch task.
@@ -118,12 +118,13 @@ async fn watch_lease(
     flags: Arc<Flags>,
 ) {
     loop {
-        let watched = session
-            .call(|c| {
-                let path = path.as_str();
-                async move { c.check_and_watch_stat(path).await }
-            })
-            .await;
+        // Boxed, as is the deletion below: the task's lasting state is only
+        // what the wait for the watch holds.
+        let watched = Box::pin(session.call(|c| {
+            let path = path.as_str();
+            async move { c.check_and_watch_stat(path).await }
+        }))
+        .await;
         let watcher = match watched {
             Ok((Some(_), w)) => {
                 flags.unwatched.store(false, Ordering::SeqCst);
@@ -150,9 +151,8 @@ async fn watch_lease(
             lost.cancel();
             return;
         };
-        let mut event = AbortOnDrop(tokio::spawn(watcher.changed()));
         tokio::select! {
-            _ = &mut event.0 => {
+            () = watch_fired(watcher) => {
                 flags.unwatched.store(true, Ordering::SeqCst);
                 continue;
             }
@@ -163,7 +163,7 @@ async fn watch_lease(
             _ = lost.cancelled() => {
                 if !flags.abandoned.load(Ordering::SeqCst) && !flags.released.load(Ordering::SeqCst) {
                     // Lost on the client's clock: free the name on the server.
-                    if let Ok(true) = delete_node(&session, &path).await {
+                    if let Ok(true) = Box::pin(delete_node(&session, &path)).await {
                         tracing::debug!(node = %path, "deleted the node of a lost lease");
                     }
                     flags.gone.store(true, Ordering::SeqCst);

@@ -256,6 +256,21 @@ async fn sweep(session: &Session, parent: &str, prefix: &str) -> Result<()> {
     Ok(())
 }
 
+/// Waits for a node watch to fire, in the caller's task: a panic inside
+/// the client (its watch's sender dropped with a closed client) is caught
+/// and reported as the watch having fired, so the caller looks at the node
+/// again, as after any event.
+pub(crate) async fn watch_fired(watcher: zk::OneshotWatcher) {
+    use futures_util::FutureExt;
+    if std::panic::AssertUnwindSafe(watcher.changed())
+        .catch_unwind()
+        .await
+        .is_err()
+    {
+        tracing::debug!("a node watch ended without an event (its client closed)");
+    }
+}
+
 /// Runs `fut` in a task that is aborted when the handle is dropped (so a
 /// panic or a dropped sender inside the client cannot reach the caller).
 pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
