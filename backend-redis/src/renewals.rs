@@ -66,6 +66,16 @@ impl KeyToken {
             token: token.to_owned(),
         })
     }
+
+    /// The lease's key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lease's owner token.
+    pub(crate) fn token(&self) -> &str {
+        &self.token
+    }
 }
 
 /// One lease's renewal: its key and token, its ttl in milliseconds, and

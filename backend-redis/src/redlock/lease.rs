@@ -9,16 +9,16 @@ use super::quorum::*;
 use crate::config::NAME;
 use crate::managed::Managed;
 use crate::renewals::KeyToken;
-use crate::scripts::{ttl_ms, Keys};
+use crate::scripts::ttl_ms;
 
 #[derive(Debug)]
 pub(super) struct RedLockLease {
     pub(super) instances: Arc<Vec<Instance>>,
     pub(super) response_timeout: Duration,
-    pub(super) keys: Keys,
-    pub(super) token: String,
-    /// The key and token, as the batched renewals take them.
+    /// The lease's key and owner token, shared with its batched renewals.
     pub(super) renewing: Arc<KeyToken>,
+    /// The channel a release notifies waiters on.
+    pub(super) channel: String,
     pub(super) quorum: usize,
     pub(super) limit: Duration,
     /// The acquire's calls still out when it returned: the release is sent
@@ -67,9 +67,9 @@ impl BackendLease for RedLockLease {
                 .collect();
             if !missing.is_empty() {
                 let call = Call {
-                    key: self.keys.lock.clone(),
+                    key: self.renewing.key().to_owned(),
                     ask: Ask::SetNx {
-                        token: self.token.clone(),
+                        token: self.renewing.token().to_owned(),
                         ttl: ttl_ms(ttl),
                     },
                     limit: self.limit,
@@ -115,8 +115,9 @@ impl BackendLease for RedLockLease {
         let n = release_all(
             self.instances.clone(),
             self.response_timeout,
-            self.keys.clone(),
-            self.token.clone(),
+            self.renewing.key().to_owned(),
+            self.channel.clone(),
+            self.renewing.token().to_owned(),
             acquiring,
         )
         .await;

@@ -196,7 +196,8 @@ impl RedLockBackend {
         release_all(
             self.instances.clone(),
             self.cfg.response_timeout,
-            keys.clone(),
+            keys.lock.clone(),
+            keys.channel.clone(),
             token.to_owned(),
             after,
         )

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use crate::conn::Conn;
 use crate::managed::Managed;
 use crate::renewals::{KeyToken, Renewals};
-use crate::scripts::{Keys, RELEASE};
+use crate::scripts::RELEASE;
 use crate::wake::Wakeups;
 
 /// One master: its connection (made in the background, replaced when it
@@ -233,15 +233,16 @@ pub(super) struct ReleaseCount {
 pub(super) async fn release_all(
     instances: Arc<Vec<Instance>>,
     limit: Duration,
-    keys: Keys,
+    key: String,
+    channel: String,
     token: String,
     after: Straggling,
 ) -> ReleaseCount {
     let quorum = instances.len() / 2 + 1;
     let conns: Vec<Arc<Managed>> = instances.iter().map(|i| i.conn.clone()).collect();
     let call = Call {
-        key: keys.lock,
-        ask: Ask::Script(&RELEASE, vec![token, keys.channel]),
+        key,
+        ask: Ask::Script(&RELEASE, vec![token, channel]),
         limit,
     };
     let (replies, _) = on_each(&conns, call, |r| count(r, 1) >= quorum, after).await;
