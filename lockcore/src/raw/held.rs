@@ -365,6 +365,11 @@ impl Watched for Held {
     fn check(self: Arc<Self>) -> CheckFuture {
         Box::pin(self.watchdog_check())
     }
+
+    fn check_panicked(&self) {
+        tracing::error!(backend = self.backend, name = %self.name, "a renewal of this lease panicked");
+        self.mark_lost("a renewal panicked: the lease is no longer renewed");
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,8 @@ struct Faults {
     renewing: AtomicBool,
     /// A release ran while a renewal was on its way.
     overlapped: AtomicBool,
+    /// Every renewal panics.
+    panics: bool,
 }
 
 impl Faults {
@@ -92,6 +94,7 @@ impl Backend for Faulty {
 impl BackendLease for FaultyLease {
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let f = &self.faults;
+        assert!(!f.panics, "a renewal that panics");
         f.renewing.store(true, SeqCst);
         tokio::time::sleep(f.before).await;
         let r = self.inner.renew(ttl).await;
@@ -297,5 +300,31 @@ async fn a_release_waits_for_the_renewal_in_flight() {
     assert!(
         !backend.overlapped.load(SeqCst),
         "the release ran while a renewal was in flight"
+    );
+}
+
+/// A renewal that panics raises the lost signal (the lease is no longer
+/// renewed), rather than leaving the holder waiting on a signal that
+/// would never come while the server lets the lease go.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_panics_raises_lost() {
+    let server = MemoryBackend::new();
+    let faults = Arc::new(Faults {
+        panics: true,
+        ..Faults::default()
+    });
+    let locker = faulty(&server, &faults);
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .wait(Wait::Try);
+    let g = locker.acquire("panics", &opts).await.unwrap().unwrap();
+    // The first renewal is due after a second; the lease is valid 3 s.
+    tokio::time::timeout(Duration::from_millis(1500), g.lost())
+        .await
+        .expect("lost fired when the renewal panicked");
+    assert!(
+        g.lost_reason().is_some_and(|r| r.contains("panicked")),
+        "{:?}",
+        g.lost_reason()
     );
 }
