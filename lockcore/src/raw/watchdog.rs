@@ -117,6 +117,20 @@ impl Queue {
 pub(crate) struct Watchdog {
     queue: Mutex<Queue>,
     runner: Mutex<Option<JoinHandle<()>>>,
+    /// Items whose checks were running when the watchdog's task ended
+    /// without finishing them (its runtime shut down, or it panicked): the
+    /// next task puts them back in the queue at once.
+    orphans: Mutex<Vec<Weak<dyn Watched>>>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // No lease and no handle is left: the task, idle, would wait
+        // forever for an insert.
+        if let Some(runner) = lock(&self.runner).take() {
+            runner.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for Watchdog {
@@ -198,11 +212,44 @@ const DUE_PER_PASS: usize = 512;
 /// it lets other tasks run.
 const FINISHED_PER_PASS: usize = 512;
 
+/// The checks running in the watchdog's task. Dropped with some still
+/// running (the task ended without finishing them), it leaves their items
+/// to the next task ([`Watchdog::orphans`]): their queue entries are spent,
+/// so nothing else would ever check them again.
+struct Checks {
+    running: FuturesUnordered<Running>,
+    watchdog: Weak<Watchdog>,
+}
+
+impl Drop for Checks {
+    fn drop(&mut self) {
+        if self.running.is_empty() {
+            return;
+        }
+        if let Some(wd) = self.watchdog.upgrade() {
+            lock(&wd.orphans).extend(self.running.iter().map(|r| Arc::downgrade(&r.item)));
+        }
+    }
+}
+
 /// Runs due items' checks until the watchdog is gone and no check runs.
 async fn run(watchdog: Weak<Watchdog>) {
-    let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
+    let mut checks = Checks {
+        running: FuturesUnordered::new(),
+        watchdog: watchdog.clone(),
+    };
     let mut again: Vec<(Arc<dyn Watched>, Instant)> = Vec::new();
+    let mut first = true;
     poll_fn(|cx| {
+        let running = &mut checks.running;
+        if std::mem::take(&mut first) {
+            // What an earlier task left running: checked at once.
+            if let Some(wd) = watchdog.upgrade() {
+                let orphans = std::mem::take(&mut *lock(&wd.orphans));
+                let now = crate::raw::now();
+                again.extend(orphans.iter().filter_map(Weak::upgrade).map(|it| (it, now)));
+            }
+        }
         // Finished checks first: their items go back in the queue below.
         let mut finished = 0;
         while finished < FINISHED_PER_PASS {
@@ -295,6 +342,8 @@ mod tests {
         budget: usize,
         panics: bool,
         hangs: bool,
+        /// Its first check never finishes.
+        hangs_first: bool,
     }
 
     impl Watched for Counted {
@@ -311,7 +360,7 @@ mod tests {
                 if n >= 2 && self.panics {
                     panic!("a check that panics");
                 }
-                if n >= 2 && self.hangs {
+                if (n >= 2 && self.hangs) || (n == 1 && self.hangs_first) {
                     std::future::pending::<()>().await;
                 }
                 Some(crate::raw::now() + Duration::from_millis(100))
@@ -407,6 +456,41 @@ mod tests {
         assert!(
             fewest >= 5,
             "an item was checked {fewest} times in 1.05 s, due every 100 ms"
+        );
+    }
+
+    /// A check still running when the watchdog's runtime shuts down is
+    /// not lost with it: the next task, in another runtime, checks its
+    /// item again (its queue entry was spent when the check began).
+    #[test]
+    fn a_check_cut_off_with_its_runtime_is_checked_again() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+        };
+        let wd = Arc::new(Watchdog::default());
+        let cut_off = Arc::new(Counted {
+            hangs_first: true,
+            ..Counted::default()
+        });
+        runtime().block_on(async {
+            let it: Arc<dyn Watched> = cut_off.clone();
+            wd.schedule(&it, crate::raw::now() + Duration::from_millis(10), true);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+        assert_eq!(cut_off.checks.load(Ordering::SeqCst), 1);
+        let other = Arc::new(Counted::default());
+        runtime().block_on(async {
+            let it: Arc<dyn Watched> = other.clone();
+            wd.schedule(&it, crate::raw::now() + Duration::from_millis(10), true);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        });
+        assert!(other.checks.load(Ordering::SeqCst) >= 2);
+        assert!(
+            cut_off.checks.load(Ordering::SeqCst) >= 2,
+            "the check cut off with its runtime was never made again"
         );
     }
 
