@@ -1,0 +1,218 @@
+//! The watchdog's queue and task: checks side by side, panics, budget,
+//! runtimes that end, churn.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{CheckFuture, Timer, Watchdog, Watched};
+
+use crate::locker::Locker;
+use crate::options::{LockOptions, Wait};
+
+/// An item checked every 100 ms that counts its checks; `panics` on
+/// its second check, or `hangs` in it forever.
+#[derive(Default)]
+struct Counted {
+    timer: Timer,
+    checks: AtomicUsize,
+    /// Told its check panicked.
+    panicked: AtomicBool,
+    /// Each check uses this much of tokio's cooperative budget.
+    budget: usize,
+    panics: bool,
+    hangs: bool,
+    /// Its first check never finishes.
+    hangs_first: bool,
+}
+
+impl Watched for Counted {
+    fn timer(&self) -> &Timer {
+        &self.timer
+    }
+
+    fn check(self: Arc<Self>) -> CheckFuture {
+        Box::pin(async move {
+            for _ in 0..self.budget {
+                tokio::task::coop::consume_budget().await;
+            }
+            let n = self.checks.fetch_add(1, Ordering::SeqCst) + 1;
+            if n >= 2 && self.panics {
+                panic!("a check that panics");
+            }
+            if (n >= 2 && self.hangs) || (n == 1 && self.hangs_first) {
+                std::future::pending::<()>().await;
+            }
+            Some(crate::raw::now() + Duration::from_millis(100))
+        })
+    }
+
+    fn not_after(&self) -> Instant {
+        crate::raw::now() + Duration::from_secs(3600)
+    }
+
+    fn check_panicked(&self) {
+        self.panicked.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Checks run side by side in the watchdog's task: one that panics
+/// ends its own item's watch, one that never finishes holds up no
+/// other, and the rest are checked on time.
+#[tokio::test(start_paused = true)]
+async fn a_check_that_panics_or_hangs_stops_only_its_own_item() {
+    let wd = Arc::new(Watchdog::default());
+    let panics = Arc::new(Counted {
+        panics: true,
+        ..Counted::default()
+    });
+    let hangs = Arc::new(Counted {
+        hangs: true,
+        ..Counted::default()
+    });
+    let fine: Vec<Arc<Counted>> = (0..50).map(|_| Arc::new(Counted::default())).collect();
+    let start = crate::raw::now() + Duration::from_millis(100);
+    for item in [&panics, &hangs].into_iter().chain(&fine) {
+        let it: Arc<dyn Watched> = item.clone();
+        wd.schedule(&it, start, true);
+    }
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    assert_eq!(panics.checks.load(Ordering::SeqCst), 2);
+    assert!(panics.panicked.load(Ordering::SeqCst));
+    assert_eq!(hangs.checks.load(Ordering::SeqCst), 2);
+    for item in &fine {
+        let n = item.checks.load(Ordering::SeqCst);
+        assert!(
+            (9..=11).contains(&n),
+            "{n} checks in 1.05 s, one every 100 ms"
+        );
+    }
+}
+
+/// Many checks in one busy runtime: each uses some of tokio's
+/// cooperative budget, and the runtime's other tasks take their turns,
+/// yet every item is checked on time (all checks in one task must not
+/// share one task's budget of a turn).
+#[tokio::test]
+async fn many_checks_keep_time_in_a_busy_runtime() {
+    let wd = Arc::new(Watchdog::default());
+    let items: Vec<Arc<Counted>> = (0..3000)
+        .map(|_| {
+            Arc::new(Counted {
+                budget: 4,
+                ..Counted::default()
+            })
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let noise: Vec<_> = (0..16)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_micros(300));
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    let start = crate::raw::now() + Duration::from_millis(100);
+    for item in &items {
+        let it: Arc<dyn Watched> = item.clone();
+        wd.schedule(&it, start, true);
+    }
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    stop.store(true, Ordering::SeqCst);
+    for n in noise {
+        n.await.unwrap();
+    }
+    let fewest = items
+        .iter()
+        .map(|i| i.checks.load(Ordering::SeqCst))
+        .min()
+        .unwrap();
+    // About 9 on an idle machine; 0 when the checks share one task's
+    // budget of a turn.
+    assert!(
+        fewest >= 5,
+        "an item was checked {fewest} times in 1.05 s, due every 100 ms"
+    );
+}
+
+/// A check still running when the watchdog's runtime shuts down is
+/// not lost with it: the next task, in another runtime, checks its
+/// item again (its queue entry was spent when the check began).
+#[test]
+fn a_check_cut_off_with_its_runtime_is_checked_again() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    };
+    let wd = Arc::new(Watchdog::default());
+    let cut_off = Arc::new(Counted {
+        hangs_first: true,
+        ..Counted::default()
+    });
+    runtime().block_on(async {
+        let it: Arc<dyn Watched> = cut_off.clone();
+        wd.schedule(&it, crate::raw::now() + Duration::from_millis(10), true);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    assert_eq!(cut_off.checks.load(Ordering::SeqCst), 1);
+    let other = Arc::new(Counted::default());
+    runtime().block_on(async {
+        let it: Arc<dyn Watched> = other.clone();
+        wd.schedule(&it, crate::raw::now() + Duration::from_millis(10), true);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
+    assert!(other.checks.load(Ordering::SeqCst) >= 2);
+    assert!(
+        cut_off.checks.load(Ordering::SeqCst) >= 2,
+        "the check cut off with its runtime was never made again"
+    );
+}
+
+/// Leases held with renewal stay held while many short leases come and
+/// go through the same queue (keys are reused by the queue: a stale key
+/// must never remove another lease's entry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_survive_churn() {
+    let locker = Locker::memory();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait(Wait::Try);
+    let mut held = Vec::new();
+    for i in 0..50 {
+        held.push(
+            locker
+                .acquire(&format!("held/{i}"), &opts)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let churn = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            let until = std::time::Instant::now() + Duration::from_millis(2500);
+            let mut n = 0u64;
+            while std::time::Instant::now() < until {
+                let g = locker
+                    .acquire(&format!("churn/{}", n % 64), &opts)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                g.release().await.unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let pairs = churn.await.unwrap();
+    assert!(pairs > 1000, "only {pairs} pairs");
+    for g in &held {
+        assert!(g.is_held(), "{}: {:?}", g.name(), g.lost_reason());
+    }
+}
