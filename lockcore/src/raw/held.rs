@@ -367,6 +367,9 @@ impl Watched for Held {
     }
 
     fn check_panicked(&self) {
+        if self.released.load(Ordering::Acquire) {
+            return;
+        }
         tracing::error!(backend = self.backend, name = %self.name, "a renewal of this lease panicked");
         self.mark_lost("a renewal panicked: the lease is no longer renewed");
     }

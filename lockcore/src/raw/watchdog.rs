@@ -57,7 +57,9 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn timer(&self) -> &Timer;
     /// One check; returns when to check again, or `None` to stop watching.
     /// Called with the queue locked: it must only make the future, and the
-    /// future may call back into the watchdog.
+    /// future may call back into the watchdog. The future runs in the
+    /// watchdog's task outside tokio's cooperative budget, beside every
+    /// other check: it must not loop on ready resources without yielding.
     fn check(self: Arc<Self>) -> CheckFuture;
     /// Its check panicked: it is no longer watched.
     fn check_panicked(&self);
@@ -197,7 +199,11 @@ impl Future for Running {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(next)) => Poll::Ready((this.item.clone(), next)),
             Err(_) => {
-                this.item.check_panicked();
+                let told =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| this.item.check_panicked()));
+                if told.is_err() {
+                    tracing::error!("a watched item's check panicked, and so did telling it");
+                }
                 Poll::Ready((this.item.clone(), None))
             }
         }
@@ -212,22 +218,26 @@ const DUE_PER_PASS: usize = 512;
 /// it lets other tasks run.
 const FINISHED_PER_PASS: usize = 512;
 
-/// The checks running in the watchdog's task. Dropped with some still
-/// running (the task ended without finishing them), it leaves their items
-/// to the next task ([`Watchdog::orphans`]): their queue entries are spent,
-/// so nothing else would ever check them again.
+/// The checks running in the watchdog's task, and the items of finished
+/// ones not yet back in the queue. Dropped with some left (the task ended
+/// without finishing them: its runtime shut down, or it panicked), it
+/// hands those items to the next task ([`Watchdog::orphans`]): their
+/// queue entries are spent, so nothing else would ever check them again.
 struct Checks {
     running: FuturesUnordered<Running>,
+    again: Vec<(Arc<dyn Watched>, Instant)>,
     watchdog: Weak<Watchdog>,
 }
 
 impl Drop for Checks {
     fn drop(&mut self) {
-        if self.running.is_empty() {
+        if self.running.is_empty() && self.again.is_empty() {
             return;
         }
         if let Some(wd) = self.watchdog.upgrade() {
-            lock(&wd.orphans).extend(self.running.iter().map(|r| Arc::downgrade(&r.item)));
+            let mut orphans = lock(&wd.orphans);
+            orphans.extend(self.running.iter().map(|r| Arc::downgrade(&r.item)));
+            orphans.extend(self.again.iter().map(|(item, _)| Arc::downgrade(item)));
         }
     }
 }
@@ -236,12 +246,12 @@ impl Drop for Checks {
 async fn run(watchdog: Weak<Watchdog>) {
     let mut checks = Checks {
         running: FuturesUnordered::new(),
+        again: Vec::new(),
         watchdog: watchdog.clone(),
     };
-    let mut again: Vec<(Arc<dyn Watched>, Instant)> = Vec::new();
     let mut first = true;
     poll_fn(|cx| {
-        let running = &mut checks.running;
+        let Checks { running, again, .. } = &mut checks;
         if std::mem::take(&mut first) {
             // What an earlier task left running: checked at once.
             if let Some(wd) = watchdog.upgrade() {
@@ -262,8 +272,8 @@ async fn run(watchdog: Weak<Watchdog>) {
             }
         }
         let Some(wd) = watchdog.upgrade() else {
-            // No handle and no lease: the checks still running finish
-            // (their leases are gone too).
+            // No handle and no lease (the watchdog's drop aborts this
+            // task besides): the checks still running finish.
             return if running.is_empty() {
                 Poll::Ready(())
             } else {
@@ -271,7 +281,7 @@ async fn run(watchdog: Weak<Watchdog>) {
             };
         };
         let mut queue = lock(&wd.queue);
-        for (item, next) in &again {
+        for (item, next) in again.iter() {
             queue.put(item, *next);
         }
         // The entries due now (up to a pass's worth), each check started.
