@@ -1,6 +1,8 @@
 //! Fault injection: a session expired on the server from a second handle
 //! on it, as ZooKeeper's own tests do.
 
+use std::time::Duration;
+
 use lockcore::{Error, Result};
 use zookeeper_client as zk;
 
@@ -8,9 +10,14 @@ use crate::config::{ZkConfig, NAME};
 use crate::error::map_err;
 use crate::session::Session;
 
-/// How often [`Session::expire_on_server`] sends a closing twin before it
-/// gives up: the session's own handle may take the session back each time.
-const EXPIRE_TRIES: usize = 8;
+/// How long [`Session::expire_on_server`] goes on sending closing twins
+/// before it gives up: the session's own handle may take the session back
+/// each time, and a twin that lost the session fails at once.
+const EXPIRE_FOR: Duration = Duration::from_secs(60);
+
+/// The pause between two twins, so that a lost race is not run again at
+/// once in the same order.
+const TWIN_PAUSE: Duration = Duration::from_millis(20);
 
 impl Session {
     /// Closes the session on the server from a second handle on the same
@@ -26,15 +33,20 @@ impl Session {
         // The session's own handle reconnects as soon as the server hands
         // the session to the twin, and may take it back before the twin's
         // handshake is answered: try again, a few times, until one twin
-        // gets through or the session is seen to have ended.
+        // gets through or the session is seen to have ended. A twin fails
+        // eagerly: one that keeps reconnecting races our handle for the
+        // session until its connect timeout, and on a loaded machine loses
+        // every time.
         let mut last = None;
-        for _ in 0..EXPIRE_TRIES {
+        let until = tokio::time::Instant::now() + EXPIRE_FOR;
+        while tokio::time::Instant::now() < until {
             if self.is_dead() {
                 return Ok(());
             }
             let mut connector = zk::Client::connector()
                 .with_session(info.clone())
-                .with_session_timeout(self.timeout);
+                .with_session_timeout(self.timeout)
+                .with_fail_eagerly();
             if let Some((user, pass)) = &cfg.digest {
                 connector =
                     connector.with_auth("digest", format!("{user}:{}", pass.expose()).as_bytes());
@@ -61,7 +73,8 @@ impl Session {
                         e,
                         format!("reopening session {:#x} on {hosts}", self.id),
                         false,
-                    ))
+                    ));
+                    tokio::time::sleep(TWIN_PAUSE).await;
                 }
                 Err(_) => {
                     last = Some(Error::unavailable(

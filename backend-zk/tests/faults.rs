@@ -173,13 +173,35 @@ async fn four_letters(port: u16, cmd: &[u8]) -> Option<String> {
     Some(out)
 }
 
-/// A count the server keeps (`mntr`), by its key.
-async fn mntr(ctx: &Ctx, key: &str) -> u64 {
-    let port: u16 = hosts(ctx)
+/// The most watches any one session has set on the server (`wchc`: each
+/// session's id, then its watched paths indented below).
+async fn most_watches_on_a_session(ctx: &Ctx) -> usize {
+    let port = zk_port(ctx);
+    let out = four_letters(port, b"wchc").await.expect("wchc");
+    let (mut most, mut this) = (0, 0);
+    for line in out.lines() {
+        if line.starts_with(char::is_whitespace) {
+            this += 1;
+        } else {
+            most = most.max(this);
+            this = 0;
+        }
+    }
+    most.max(this)
+}
+
+/// The port of the one server the tests' url names.
+fn zk_port(ctx: &Ctx) -> u16 {
+    hosts(ctx)
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
-        .expect("one zk server");
+        .expect("one zk server")
+}
+
+/// A count the server keeps (`mntr`), by its key.
+async fn mntr(ctx: &Ctx, key: &str) -> u64 {
+    let port = zk_port(ctx);
     let out = four_letters(port, b"mntr").await.expect("mntr");
     out.lines()
         .find_map(|l| l.strip_prefix(key))
@@ -197,6 +219,17 @@ async fn renewals_cost_one_request_per_session(ctx: Ctx) {
         .expect("connect");
     let names: Vec<String> = (0..300).map(|i| ctx.name(&format!("many/{i}"))).collect();
     let guards = hold_all(&l, &names, Duration::from_secs(3)).await;
+    // Each lease sets its node's watch in its own task after the acquire
+    // returned: count from when the server has every watch on one session,
+    // or those requests (one a lock, once) land in the window on a loaded
+    // machine.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while most_watches_on_a_session(&ctx).await < 300 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the server has the 300 node watches within 30 s");
     let before = mntr(&ctx, "zk_packets_received").await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let packets = mntr(&ctx, "zk_packets_received").await - before;
