@@ -32,6 +32,15 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(1);
 /// two processes do. Share one `Locker` however suits the application. A
 /// clone shares the backend connection.
 ///
+/// **Runtimes.** A handle may serve one tokio runtime after another (a
+/// `static` shared by `#[tokio::test]`s, each on its own runtime). Its
+/// leases are renewed by a task on the runtime of the latest acquire or
+/// extend. When that runtime ends, the leases it renewed are renewed again
+/// from the next acquire on the handle; until then nothing renews them,
+/// and each one's [`lost`](crate::LockGuard::lost) signal fires at its
+/// validity deadline. A connection made on the ended runtime may fail its
+/// requests; leases renewed through it are then lost at their deadline.
+///
 /// **Reentrancy is explicit**: a holder proves it holds by its guard, and
 /// [`LockGuard::reenter`] takes another hold on the same lease (same
 /// fencing token); the lease is released when its last hold goes.

@@ -181,6 +181,27 @@ impl Held {
         self.watchdog.forget(&self.timer);
     }
 
+    /// Resolves when the lost signal is raised. Raises it itself when the
+    /// validity deadline passes first, as [`Held::is_held`] does: the
+    /// watchdog that would raise it may not run again (its runtime ended
+    /// and no acquire has started it on another). Never resolves after a
+    /// release.
+    pub(crate) async fn lost_or_lapsed(self: Arc<Self>) {
+        loop {
+            let until = self.valid_until();
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(until.into()) => {
+                    if self.released.load(Ordering::Acquire) {
+                        return self.lost.cancelled().await;
+                    }
+                    // Renewed meanwhile: wait for the new deadline.
+                    let _ = self.is_held();
+                }
+            }
+        }
+    }
+
     /// Raises the lost signal (once) with a reason.
     pub(crate) fn mark_lost(&self, reason: &'static str) {
         let _ = self.lost_at.set(crate::raw::now().min(self.valid_until()));

@@ -97,6 +97,30 @@ struct Queue {
 }
 
 impl Queue {
+    /// Moves every entry into a new queue, each at its deadline: the
+    /// queue's timer belongs to the runtime it was made on, and polling it
+    /// after that runtime ended panics. Called with the queue locked, when
+    /// the watchdog's task ended and a new one starts, perhaps on another
+    /// runtime. Returns the items, to be dropped once the queue is
+    /// unlocked (an item's drop may lock it).
+    fn rebuild(&mut self) -> Vec<Arc<dyn Watched>> {
+        let mut old = std::mem::take(&mut self.entries);
+        // The tick lapses; the next lease taken puts it back.
+        self.ticking = false;
+        let mut items = Vec::with_capacity(old.len());
+        while let Some(key) = old.peek() {
+            let at = old.deadline(&key);
+            if let Entry::Lease(weak) = old.remove(&key).into_inner() {
+                if let Some(item) = weak.upgrade() {
+                    let key = self.entries.insert_at(Entry::Lease(weak), at);
+                    *lock(&item.timer().key) = Some(key);
+                    items.push(item);
+                }
+            }
+        }
+        items
+    }
+
     /// Puts `item` in the queue at `at` (clamped to its `not_after`), or
     /// moves it there if it is in already. Called with the queue locked.
     fn put(&mut self, item: &Arc<dyn Watched>, at: Instant) {
@@ -173,12 +197,20 @@ impl Watchdog {
         }
     }
 
+    /// Starts the watchdog's task on the current runtime unless it runs.
+    /// A task that ended (its runtime shut down, or it panicked) leaves a
+    /// queue whose timer may belong to a runtime that is gone: the queue
+    /// is rebuilt for the new task.
     fn ensure_running(self: &Arc<Self>) {
         let mut runner = lock(&self.runner);
-        if runner.as_ref().is_some_and(|h| !h.is_finished()) {
-            return;
-        }
+        let items = match runner.as_ref() {
+            Some(h) if !h.is_finished() => return,
+            Some(_) => lock(&self.queue).rebuild(),
+            None => Vec::new(),
+        };
         *runner = Some(tokio::spawn(run(Arc::downgrade(self))));
+        drop(runner);
+        drop(items);
     }
 }
 
