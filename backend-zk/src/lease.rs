@@ -23,13 +23,51 @@ struct Flags {
     unwatched: AtomicBool,
 }
 
+/// Our node's path, shared with the lease's task, and where in it the
+/// lock's parent node and our nodes' name prefix (our uuid) end: one
+/// string a lease, not three.
+struct NodePath {
+    path: Arc<str>,
+    parent_end: usize,
+    prefix_end: usize,
+}
+
+impl NodePath {
+    /// `path` is `parent/prefix` and the sequence ZooKeeper appended. Were
+    /// it not, the parent is what comes before its last `/` and the prefix
+    /// the whole node name (a sweep by it finds only this node).
+    fn new(parent: &str, prefix: &str, path: String) -> Self {
+        let parent_end = match path.strip_prefix(parent) {
+            Some(rest) if rest.starts_with('/') => parent.len(),
+            _ => path.rfind('/').unwrap_or(0),
+        };
+        let node = path.get(parent_end + 1..).unwrap_or("");
+        let prefix_end = if node.starts_with(prefix) {
+            parent_end + 1 + prefix.len()
+        } else {
+            path.len()
+        };
+        NodePath {
+            path: path.into(),
+            parent_end,
+            prefix_end,
+        }
+    }
+
+    fn parent(&self) -> String {
+        self.path.get(..self.parent_end).unwrap_or("").to_owned()
+    }
+
+    fn prefix(&self) -> String {
+        let prefix = self.path.get(self.parent_end + 1..self.prefix_end);
+        prefix.unwrap_or(&self.path).to_owned()
+    }
+}
+
 /// One held lock: our node on our session.
 pub(crate) struct ZkLease {
     session: Arc<Session>,
-    /// The lock's parent node and our nodes' name prefix (our uuid).
-    parent: String,
-    prefix: String,
-    path: String,
+    node: NodePath,
     flags: Arc<Flags>,
     task: tokio::task::AbortHandle,
     /// The lock-delay, counted in every renewal's ttl: the holder's own ttl
@@ -40,7 +78,7 @@ pub(crate) struct ZkLease {
 impl fmt::Debug for ZkLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLease")
-            .field("path", &self.path)
+            .field("path", &self.node.path)
             .field("session", &format_args!("{:#x}", self.session.id))
             .finish_non_exhaustive()
     }
@@ -59,18 +97,17 @@ impl ZkLease {
             unwatched: AtomicBool::new(true),
             ..Flags::default()
         });
+        let node = NodePath::new(&parent, &prefix, path);
         let task = tokio::spawn(watch_lease(
             session.clone(),
-            path.clone(),
+            node.path.clone(),
             lost,
             flags.clone(),
         ))
         .abort_handle();
         ZkLease {
             session,
-            parent,
-            prefix,
-            path,
+            node,
             flags,
             task,
             delay,
@@ -89,7 +126,7 @@ impl ZkLease {
         let stat = self
             .session
             .call(|c| {
-                let path = self.path.as_str();
+                let path = &*self.node.path;
                 async move { c.check_stat(path).await }
             })
             .await;
@@ -101,7 +138,7 @@ impl ZkLease {
             Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
             Err(e) => Err(map_err(
                 e,
-                format!("checking the lock node {}", self.path),
+                format!("checking the lock node {}", self.node.path),
                 false,
             )),
         }
@@ -113,7 +150,7 @@ impl ZkLease {
 /// (validity deadline passed), so the next waiter gets it.
 async fn watch_lease(
     session: Arc<Session>,
-    path: String,
+    path: Arc<str>,
     lost: CancellationToken,
     flags: Arc<Flags>,
 ) {
@@ -121,7 +158,7 @@ async fn watch_lease(
         // Boxed, as is the deletion below: the task's lasting state is only
         // what the wait for the watch holds.
         let watched = Box::pin(session.call(|c| {
-            let path = path.as_str();
+            let path = &*path;
             async move { c.check_and_watch_stat(path).await }
         }))
         .await;
@@ -215,7 +252,7 @@ impl BackendLease for ZkLease {
             Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
             Err(e) => Err(map_err(
                 e,
-                format!("checking the session of the lock node {}", self.path),
+                format!("checking the session of the lock node {}", self.node.path),
                 false,
             )),
         }
@@ -233,18 +270,14 @@ impl BackendLease for ZkLease {
         if self.flags.gone.load(Ordering::SeqCst) {
             return Ok(Released::NotHeld);
         }
-        let res = delete_node(&self.session, &self.path).await;
+        let res = delete_node(&self.session, &self.node.path).await;
         if !self.session.is_dead() {
             // A creation cut off by a connection loss may have applied late,
             // leaving a second node of ours in the queue: sweep our uuid's
             // nodes (in the background: the release is done).
             spawn_cleanup(
                 "delete late twins of a released lock node",
-                delete_ours(
-                    self.session.clone(),
-                    self.parent.clone(),
-                    self.prefix.clone(),
-                ),
+                delete_ours(self.session.clone(), self.node.parent(), self.node.prefix()),
             );
         }
         match res {
@@ -287,11 +320,42 @@ impl Drop for ZkLease {
         }
         spawn_cleanup(
             "delete the node of a dropped lease",
-            delete_ours(
-                self.session.clone(),
-                self.parent.clone(),
-                self.prefix.clone(),
-            ),
+            delete_ours(self.session.clone(), self.node.parent(), self.node.prefix()),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodePath;
+
+    #[test]
+    fn a_node_path_gives_back_its_parent_and_prefix() {
+        let p = NodePath::new(
+            "/app/locks/a",
+            "_c_u1-lock-",
+            "/app/locks/a/_c_u1-lock-0000000007".into(),
+        );
+        assert_eq!(
+            (p.parent().as_str(), p.prefix().as_str()),
+            ("/app/locks/a", "_c_u1-lock-")
+        );
+        // Not laid out as expected: the parent by the last `/`, the prefix
+        // the whole node name.
+        let q = NodePath::new(
+            "/other",
+            "_c_u2-",
+            "/app/locks/a/_c_u1-lock-0000000007".into(),
+        );
+        assert_eq!(
+            (q.parent().as_str(), q.prefix().as_str()),
+            ("/app/locks/a", "_c_u1-lock-0000000007")
+        );
+        let r = NodePath::new(
+            "/app/locks/a",
+            "_c_u2-",
+            "/app/locks/a/_c_u1-lock-0000000007".into(),
+        );
+        assert_eq!(r.prefix(), "_c_u1-lock-0000000007");
     }
 }
