@@ -68,13 +68,22 @@ impl Session {
                     ));
                 }
                 Ok(Err(zk::Error::SessionExpired)) => return Ok(()),
-                Ok(Err(e)) => {
+                // The session's own handle took it back during the twin's
+                // handshake: another twin.
+                Ok(Err(e @ (zk::Error::NoHosts | zk::Error::ConnectionLoss))) => {
                     last = Some(map_err(
                         e,
                         format!("reopening session {:#x} on {hosts}", self.id),
                         false,
                     ));
                     tokio::time::sleep(TWIN_PAUSE).await;
+                }
+                Ok(Err(e)) => {
+                    return Err(map_err(
+                        e,
+                        format!("reopening session {:#x} on {hosts}", self.id),
+                        false,
+                    ))
                 }
                 Err(_) => {
                     last = Some(Error::unavailable(

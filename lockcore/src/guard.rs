@@ -147,7 +147,7 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.held.clone().lost_or_lapsed()
+        self.held.lost_or_lapsed()
     }
 
     /// The lost signal as a cancellation token (a child token: cancelling it

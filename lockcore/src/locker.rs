@@ -32,14 +32,17 @@ pub const DEADLINE_GRACE: Duration = Duration::from_secs(1);
 /// two processes do. Share one `Locker` however suits the application. A
 /// clone shares the backend connection.
 ///
-/// **Runtimes.** A handle may serve one tokio runtime after another (a
-/// `static` shared by `#[tokio::test]`s, each on its own runtime). Its
-/// leases are renewed by a task on the runtime of the latest acquire or
-/// extend. When that runtime ends, the leases it renewed are renewed again
-/// from the next acquire on the handle; until then nothing renews them,
-/// and each one's [`lost`](crate::LockGuard::lost) signal fires at its
-/// validity deadline. A connection made on the ended runtime may fail its
-/// requests; leases renewed through it are then lost at their deadline.
+/// **Runtimes.** A handle may serve several tokio runtimes, one after
+/// another or side by side (a `static` shared by `#[tokio::test]`s, each
+/// on its own runtime). Its leases are renewed by one task, on the runtime
+/// of the first acquire. When that runtime ends, the task starts again on
+/// the runtime of the latest acquire made from another one, else on the
+/// runtime of the next acquire; a lease that nothing renews meanwhile
+/// raises its [`lost`](crate::LockGuard::lost) signal at its validity
+/// deadline (in a `lost()` being awaited, or at the next
+/// [`is_held`](crate::LockGuard::is_held)). A connection made on an ended
+/// runtime may fail its requests; leases renewed through it are then lost
+/// at their deadline.
 ///
 /// **Reentrancy is explicit**: a holder proves it holds by its guard, and
 /// [`LockGuard::reenter`] takes another hold on the same lease (same

@@ -2,6 +2,7 @@
 //! watchdog: validity, renewal in send order, the lost signal, release.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -183,20 +184,31 @@ impl Held {
 
     /// Resolves when the lost signal is raised. Raises it itself when the
     /// validity deadline passes first, as [`Held::is_held`] does: the
-    /// watchdog that would raise it may not run again (its runtime ended
-    /// and no acquire has started it on another). Never resolves after a
-    /// release.
-    pub(crate) async fn lost_or_lapsed(self: Arc<Self>) {
-        loop {
-            let until = self.valid_until();
-            tokio::select! {
-                () = self.lost.cancelled() => return,
-                () = tokio::time::sleep_until(until.into()) => {
-                    if self.released.load(Ordering::Acquire) {
-                        return self.lost.cancelled().await;
+    /// watchdog that would raise it may not run again (its runtime ended).
+    /// Holds the lease only weakly (a pending future keeps nothing alive);
+    /// never resolves after a release. Off a tokio runtime (no timer to
+    /// wait on) it waits for the signal only.
+    pub(crate) fn lost_or_lapsed(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let (held, lost) = (Arc::downgrade(self), self.lost.clone());
+        async move {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return lost.cancelled().await;
+            }
+            loop {
+                let until = match held.upgrade() {
+                    Some(h) if !h.released.load(Ordering::Acquire) => h.valid_until(),
+                    _ => return lost.cancelled().await,
+                };
+                tokio::select! {
+                    () = lost.cancelled() => return,
+                    () = tokio::time::sleep_until(until.into()) => {
+                        // Renewed meanwhile: wait for the new deadline.
+                        if let Some(h) = held.upgrade() {
+                            if !h.released.load(Ordering::Acquire) {
+                                let _ = h.is_held();
+                            }
+                        }
                     }
-                    // Renewed meanwhile: wait for the new deadline.
-                    let _ = self.is_held();
                 }
             }
         }

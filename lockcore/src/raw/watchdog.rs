@@ -41,6 +41,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
 
@@ -104,21 +105,30 @@ impl Queue {
     /// runtime. Returns the items, to be dropped once the queue is
     /// unlocked (an item's drop may lock it).
     fn rebuild(&mut self) -> Vec<Arc<dyn Watched>> {
-        let mut old = std::mem::take(&mut self.entries);
-        // The tick lapses; the next lease taken puts it back.
-        self.ticking = false;
+        // Built aside, the items' keys written only once every entry is
+        // in: a panic midway leaves the old queue and keys as they were.
+        let old = &mut self.entries;
+        let mut new = DelayQueue::with_capacity(old.len());
         let mut items = Vec::with_capacity(old.len());
         while let Some(key) = old.peek() {
             let at = old.deadline(&key);
             if let Entry::Lease(weak) = old.remove(&key).into_inner() {
                 if let Some(item) = weak.upgrade() {
-                    let key = self.entries.insert_at(Entry::Lease(weak), at);
-                    *lock(&item.timer().key) = Some(key);
-                    items.push(item);
+                    let key = new.insert_at(Entry::Lease(weak), at);
+                    items.push((item, key));
                 }
             }
         }
+        self.entries = new;
+        // The tick lapses; the next lease taken puts it back.
+        self.ticking = false;
         items
+            .into_iter()
+            .map(|(item, key)| {
+                *lock(&item.timer().key) = Some(key);
+                item
+            })
+            .collect()
     }
 
     /// Puts `item` in the queue at `at` (clamped to its `not_after`), or
@@ -138,11 +148,21 @@ impl Queue {
     }
 }
 
+/// The watchdog's task and the runtime it runs on.
+struct Runner {
+    task: JoinHandle<()>,
+    rt: Handle,
+}
+
 /// The timer queue of one backend handle.
 #[derive(Default)]
 pub(crate) struct Watchdog {
     queue: Mutex<Queue>,
-    runner: Mutex<Option<JoinHandle<()>>>,
+    runner: Mutex<Option<Runner>>,
+    /// The runtime of the latest schedule made from another runtime than
+    /// the task's: where the task starts again when its own runtime ends
+    /// with leases in the queue (runtimes side by side, as tests are).
+    elsewhere: Mutex<Option<Handle>>,
     /// Items whose checks were running when the watchdog's task ended
     /// without finishing them (its runtime shut down, or it panicked): the
     /// next task puts them back in the queue at once.
@@ -154,7 +174,7 @@ impl Drop for Watchdog {
         // No lease and no handle is left: the task, idle, would wait
         // forever for an insert.
         if let Some(runner) = lock(&self.runner).take() {
-            runner.abort();
+            runner.task.abort();
         }
     }
 }
@@ -172,7 +192,15 @@ impl Watchdog {
     /// lease just taken: that is the queue's use the tick is kept for (a
     /// renewal's reschedule does not keep it).
     pub(crate) fn schedule(self: &Arc<Self>, item: &Arc<dyn Watched>, at: Instant, new: bool) {
+        let task_rt = self.task_runtime();
+        if let (Some(rt), Ok(here)) = (&task_rt, Handle::try_current()) {
+            if rt.id() != here.id() {
+                *lock(&self.elsewhere) = Some(here);
+            }
+        }
         {
+            // The queue's timer is made on the task's runtime, which polls it.
+            let _in = task_rt.as_ref().map(Handle::enter);
             let mut queue = lock(&self.queue);
             if new {
                 queue.used = true;
@@ -191,10 +219,21 @@ impl Watchdog {
     pub(crate) fn forget(&self, timer: &Timer) {
         // Queue first, then key, as everywhere: a key is live in the queue
         // exactly while it is `Some`, under the queue's lock.
+        let task_rt = self.task_runtime();
+        let _in = task_rt.as_ref().map(Handle::enter);
         let mut queue = lock(&self.queue);
         if let Some(k) = lock(&timer.key).take() {
             queue.entries.try_remove(&k);
         }
+    }
+
+    /// The runtime of the watchdog's task, while it runs.
+    fn task_runtime(&self) -> Option<Handle> {
+        let runner = lock(&self.runner);
+        runner
+            .as_ref()
+            .filter(|r| !r.task.is_finished())
+            .map(|r| r.rt.clone())
     }
 
     /// Starts the watchdog's task on the current runtime unless it runs.
@@ -202,15 +241,43 @@ impl Watchdog {
     /// queue whose timer may belong to a runtime that is gone: the queue
     /// is rebuilt for the new task.
     fn ensure_running(self: &Arc<Self>) {
+        if let Ok(here) = Handle::try_current() {
+            self.start_on(&here, false);
+        }
+    }
+
+    /// Starts the task on `rt` unless it runs; `replacing`: the task is
+    /// ending (its future is being dropped) and is replaced regardless.
+    fn start_on(self: &Arc<Self>, rt: &Handle, replacing: bool) {
         let mut runner = lock(&self.runner);
         let items = match runner.as_ref() {
-            Some(h) if !h.is_finished() => return,
-            Some(_) => lock(&self.queue).rebuild(),
+            Some(r) if !replacing && !r.task.is_finished() => return,
+            Some(_) => {
+                let _in = rt.enter();
+                lock(&self.queue).rebuild()
+            }
             None => Vec::new(),
         };
-        *runner = Some(tokio::spawn(run(Arc::downgrade(self))));
+        let task = rt.spawn(run(Arc::downgrade(self)));
+        *runner = Some(Runner {
+            task,
+            rt: rt.clone(),
+        });
         drop(runner);
         drop(items);
+    }
+
+    /// The task is ending without the watchdog (its runtime shut down, or
+    /// it panicked): it starts again on the runtime another schedule came
+    /// from, if any, so that the leases taken there are still renewed.
+    fn carry_on_elsewhere(self: &Arc<Self>) {
+        let Some(rt) = lock(&self.elsewhere).take() else {
+            return;
+        };
+        let ending = lock(&self.runner).as_ref().map(|r| r.rt.id());
+        if ending != Some(rt.id()) {
+            self.start_on(&rt, true);
+        }
     }
 }
 
@@ -263,14 +330,15 @@ struct Checks {
 
 impl Drop for Checks {
     fn drop(&mut self) {
-        if self.running.is_empty() && self.again.is_empty() {
+        let Some(wd) = self.watchdog.upgrade() else {
             return;
-        }
-        if let Some(wd) = self.watchdog.upgrade() {
+        };
+        {
             let mut orphans = lock(&wd.orphans);
             orphans.extend(self.running.iter().map(|r| Arc::downgrade(&r.item)));
             orphans.extend(self.again.iter().map(|(item, _)| Arc::downgrade(item)));
         }
+        wd.carry_on_elsewhere();
     }
 }
 

@@ -45,11 +45,11 @@ impl ReadGuard {
 
     /// Resolves when the read lock's lease is lost.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let token = match &self.hold {
-            ReadHold::Slot(p) => p.lost_token(),
-            ReadHold::Node(g) => g.lost_token(),
-        };
-        token.cancelled_owned()
+        use futures_util::future::Either;
+        match &self.hold {
+            ReadHold::Slot(p) => Either::Left(p.lost()),
+            ReadHold::Node(g) => Either::Right(g.lost()),
+        }
     }
 
     /// The reader's lock guard, to hold the read lock as a lock.
