@@ -140,3 +140,40 @@ fn lost_can_be_polled_off_a_runtime() {
     rt.block_on(g.release()).expect("release");
     assert!(lost.as_mut().poll(&mut cx).is_pending(), "not on a release");
 }
+
+#[test]
+fn leases_outlive_two_of_three_runtimes_side_by_side() {
+    let locker = Locker::memory();
+    let ttl = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait(Wait::Try);
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let (a, b, c) = (rt(), rt(), rt());
+    let take = |rt: &tokio::runtime::Runtime, name: &'static str| {
+        rt.block_on(async {
+            let g = locker.acquire(name, &ttl).await.expect("acquire");
+            g.expect("free")
+        })
+    };
+    // The watchdog's task on the first; the second and third beside it.
+    let (ga, gb, gc) = (take(&a, "a"), take(&b, "b"), take(&c, "c"));
+    a.shutdown_background();
+    c.shutdown_background();
+    b.block_on(async {
+        let lost = tokio::time::timeout(Duration::from_secs(4), gb.lost()).await;
+        assert!(lost.is_err(), "the lease was lost: {:?}", gb.lost_reason());
+        let other = locker.acquire("b", &ttl).await.expect("try");
+        assert!(
+            other.is_none(),
+            "another owner took the second runtime's name"
+        );
+        gb.release().await.expect("release");
+    });
+    drop((ga, gc));
+}

@@ -36,6 +36,7 @@
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -43,7 +44,9 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
-use tokio_util::time::delay_queue::{DelayQueue, Key};
+use tokio_util::time::delay_queue::Key;
+
+use queue::{Entry, Queue};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -79,74 +82,8 @@ pub(crate) struct Timer {
 /// How far ahead the tick entry is due (see the module docs).
 pub(crate) const TICK: Duration = Duration::from_millis(200);
 
-/// An entry of the queue.
-enum Entry {
-    /// The tick: keeps the queue from emptying while it is in use.
-    Tick,
-    /// A lease's next check.
-    Lease(Weak<dyn Watched>),
-}
-
-/// The queue and its tick.
-#[derive(Default)]
-struct Queue {
-    entries: DelayQueue<Entry>,
-    /// Whether the tick entry is in the queue.
-    ticking: bool,
-    /// Whether the queue was used since the last tick.
-    used: bool,
-}
-
-impl Queue {
-    /// Moves every entry into a new queue, each at its deadline: the
-    /// queue's timer belongs to the runtime it was made on, and polling it
-    /// after that runtime ended panics. Called with the queue locked, when
-    /// the watchdog's task ended and a new one starts, perhaps on another
-    /// runtime. Returns the items, to be dropped once the queue is
-    /// unlocked (an item's drop may lock it).
-    fn rebuild(&mut self) -> Vec<Arc<dyn Watched>> {
-        // Built aside, the items' keys written only once every entry is
-        // in: a panic midway leaves the old queue and keys as they were.
-        let old = &mut self.entries;
-        let mut new = DelayQueue::with_capacity(old.len());
-        let mut items = Vec::with_capacity(old.len());
-        while let Some(key) = old.peek() {
-            let at = old.deadline(&key);
-            if let Entry::Lease(weak) = old.remove(&key).into_inner() {
-                if let Some(item) = weak.upgrade() {
-                    let key = new.insert_at(Entry::Lease(weak), at);
-                    items.push((item, key));
-                }
-            }
-        }
-        self.entries = new;
-        // The tick lapses; the next lease taken puts it back.
-        self.ticking = false;
-        items
-            .into_iter()
-            .map(|(item, key)| {
-                *lock(&item.timer().key) = Some(key);
-                item
-            })
-            .collect()
-    }
-
-    /// Puts `item` in the queue at `at` (clamped to its `not_after`), or
-    /// moves it there if it is in already. Called with the queue locked.
-    fn put(&mut self, item: &Arc<dyn Watched>, at: Instant) {
-        let at = at.min(item.not_after());
-        let mut key = lock(&item.timer().key);
-        match key.as_ref() {
-            Some(k) => self.entries.reset_at(k, at.into()),
-            None => {
-                *key = Some(
-                    self.entries
-                        .insert_at(Entry::Lease(Arc::downgrade(item)), at.into()),
-                );
-            }
-        }
-    }
-}
+/// How many other runtimes a watchdog remembers to start again on.
+const ELSEWHERE: usize = 8;
 
 /// The watchdog's task and the runtime it runs on.
 struct Runner {
@@ -159,10 +96,10 @@ struct Runner {
 pub(crate) struct Watchdog {
     queue: Mutex<Queue>,
     runner: Mutex<Option<Runner>>,
-    /// The runtime of the latest schedule made from another runtime than
-    /// the task's: where the task starts again when its own runtime ends
-    /// with leases in the queue (runtimes side by side, as tests are).
-    elsewhere: Mutex<Option<Handle>>,
+    /// The runtimes schedules came from other than the task's, the latest
+    /// first: where the task starts again when its own runtime ends
+    /// (runtimes side by side, as tests are).
+    elsewhere: Mutex<Vec<Handle>>,
     /// Items whose checks were running when the watchdog's task ended
     /// without finishing them (its runtime shut down, or it panicked): the
     /// next task puts them back in the queue at once.
@@ -192,16 +129,20 @@ impl Watchdog {
     /// lease just taken: that is the queue's use the tick is kept for (a
     /// renewal's reschedule does not keep it).
     pub(crate) fn schedule(self: &Arc<Self>, item: &Arc<dyn Watched>, at: Instant, new: bool) {
-        let task_rt = self.task_runtime();
-        if let (Some(rt), Ok(here)) = (&task_rt, Handle::try_current()) {
-            if rt.id() != here.id() {
-                *lock(&self.elsewhere) = Some(here);
+        if let Ok(here) = Handle::try_current() {
+            let task_rt = lock(&self.runner).as_ref().map(|r| r.rt.id());
+            if task_rt.is_some_and(|id| id != here.id()) {
+                let mut list = lock(&self.elsewhere);
+                list.retain(|h| h.id() != here.id());
+                list.insert(0, here);
+                list.truncate(ELSEWHERE);
             }
         }
         {
-            // The queue's timer is made on the task's runtime, which polls it.
-            let _in = task_rt.as_ref().map(Handle::enter);
             let mut queue = lock(&self.queue);
+            // The queue's timer is made on the task's runtime, which polls it.
+            let rt = queue.rt.clone();
+            let _in = rt.as_ref().map(Handle::enter);
             if new {
                 queue.used = true;
             }
@@ -219,21 +160,10 @@ impl Watchdog {
     pub(crate) fn forget(&self, timer: &Timer) {
         // Queue first, then key, as everywhere: a key is live in the queue
         // exactly while it is `Some`, under the queue's lock.
-        let task_rt = self.task_runtime();
-        let _in = task_rt.as_ref().map(Handle::enter);
         let mut queue = lock(&self.queue);
         if let Some(k) = lock(&timer.key).take() {
             queue.entries.try_remove(&k);
         }
-    }
-
-    /// The runtime of the watchdog's task, while it runs.
-    fn task_runtime(&self) -> Option<Handle> {
-        let runner = lock(&self.runner);
-        runner
-            .as_ref()
-            .filter(|r| !r.task.is_finished())
-            .map(|r| r.rt.clone())
     }
 
     /// Starts the watchdog's task on the current runtime unless it runs.
@@ -248,35 +178,53 @@ impl Watchdog {
 
     /// Starts the task on `rt` unless it runs; `replacing`: the task is
     /// ending (its future is being dropped) and is replaced regardless.
-    fn start_on(self: &Arc<Self>, rt: &Handle, replacing: bool) {
+    /// Returns whether a task runs then (not if `rt` had shut down).
+    fn start_on(self: &Arc<Self>, rt: &Handle, replacing: bool) -> bool {
         let mut runner = lock(&self.runner);
-        let items = match runner.as_ref() {
-            Some(r) if !replacing && !r.task.is_finished() => return,
-            Some(_) => {
-                let _in = rt.enter();
-                lock(&self.queue).rebuild()
+        if let Some(r) = runner.as_ref() {
+            if !replacing && !r.task.is_finished() {
+                return true;
             }
-            None => Vec::new(),
+        }
+        let items = {
+            let _in = rt.enter();
+            let mut queue = lock(&self.queue);
+            queue.rt = Some(rt.clone());
+            queue.rebuild()
         };
-        let task = rt.spawn(run(Arc::downgrade(self)));
+        // A runtime that shut down drops the task inside `spawn`: its drop
+        // guard must not start another then (this holds the runner lock).
+        let started = Arc::new(AtomicBool::new(false));
+        let task = rt.spawn(run(Arc::downgrade(self), started.clone()));
+        started.store(true, Ordering::Release);
+        let runs = !task.is_finished();
         *runner = Some(Runner {
             task,
             rt: rt.clone(),
         });
         drop(runner);
         drop(items);
+        runs
     }
 
     /// The task is ending without the watchdog (its runtime shut down, or
     /// it panicked): it starts again on the runtime another schedule came
     /// from, if any, so that the leases taken there are still renewed.
     fn carry_on_elsewhere(self: &Arc<Self>) {
-        let Some(rt) = lock(&self.elsewhere).take() else {
-            return;
-        };
         let ending = lock(&self.runner).as_ref().map(|r| r.rt.id());
-        if ending != Some(rt.id()) {
-            self.start_on(&rt, true);
+        loop {
+            let next = {
+                let mut list = lock(&self.elsewhere);
+                list.retain(|h| Some(h.id()) != ending);
+                if list.is_empty() {
+                    return;
+                }
+                list.remove(0)
+            };
+            if self.start_on(&next, true) {
+                return;
+            }
+            // That runtime has ended too: the next one.
         }
     }
 }
@@ -326,6 +274,8 @@ struct Checks {
     running: FuturesUnordered<Running>,
     again: Vec<(Arc<dyn Watched>, Instant)>,
     watchdog: Weak<Watchdog>,
+    /// Set once `spawn` returned (see [`Watchdog::start_on`]).
+    started: Arc<AtomicBool>,
 }
 
 impl Drop for Checks {
@@ -338,19 +288,24 @@ impl Drop for Checks {
             orphans.extend(self.running.iter().map(|r| Arc::downgrade(&r.item)));
             orphans.extend(self.again.iter().map(|(item, _)| Arc::downgrade(item)));
         }
-        wd.carry_on_elsewhere();
+        if self.started.load(Ordering::Acquire) {
+            wd.carry_on_elsewhere();
+        }
     }
 }
 
 /// Runs due items' checks until the watchdog is gone and no check runs.
-async fn run(watchdog: Weak<Watchdog>) {
+/// The drop guard is made before the first poll: a task dropped unpolled
+/// (its runtime shut down) hands over too.
+fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output = ()> + Send {
     let mut checks = Checks {
         running: FuturesUnordered::new(),
         again: Vec::new(),
         watchdog: watchdog.clone(),
+        started,
     };
     let mut first = true;
-    poll_fn(|cx| {
+    poll_fn(move |cx| {
         let Checks { running, again, .. } = &mut checks;
         if std::mem::take(&mut first) {
             // What an earlier task left running: checked at once.
@@ -426,8 +381,8 @@ async fn run(watchdog: Weak<Watchdog>) {
         }
         Poll::Pending
     })
-    .await;
 }
 
+mod queue;
 #[cfg(test)]
 mod tests;

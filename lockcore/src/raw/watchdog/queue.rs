@@ -1,0 +1,82 @@
+//! The watchdog's timer queue: each watched item's next check, and the
+//! tick that keeps the queue from emptying while it is in use.
+
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use tokio::runtime::Handle;
+use tokio_util::time::delay_queue::DelayQueue;
+
+use super::{lock, Watched};
+
+/// An entry of the queue.
+pub(super) enum Entry {
+    /// The tick: keeps the queue from emptying while it is in use.
+    Tick,
+    /// A lease's next check.
+    Lease(Weak<dyn Watched>),
+}
+
+/// The queue and its tick.
+#[derive(Default)]
+pub(super) struct Queue {
+    pub(super) entries: DelayQueue<Entry>,
+    /// Whether the tick entry is in the queue.
+    pub(super) ticking: bool,
+    /// Whether the queue was used since the last tick.
+    pub(super) used: bool,
+    /// The runtime of the task that polls the queue: its timer is made
+    /// there.
+    pub(super) rt: Option<Handle>,
+}
+
+impl Queue {
+    /// Moves every entry into a new queue, each at its deadline: the
+    /// queue's timer belongs to the runtime it was made on, and polling it
+    /// after that runtime ended panics. Called with the queue locked, when
+    /// the watchdog's task ended and a new one starts, perhaps on another
+    /// runtime. Returns the items, to be dropped once the queue is
+    /// unlocked (an item's drop may lock it).
+    pub(super) fn rebuild(&mut self) -> Vec<Arc<dyn Watched>> {
+        // Built aside, the items' keys written only once every entry is
+        // in: a panic midway leaves the old queue and keys as they were.
+        let old = &mut self.entries;
+        let mut new = DelayQueue::with_capacity(old.len());
+        let mut items = Vec::with_capacity(old.len());
+        while let Some(key) = old.peek() {
+            let at = old.deadline(&key);
+            if let Entry::Lease(weak) = old.remove(&key).into_inner() {
+                if let Some(item) = weak.upgrade() {
+                    let key = new.insert_at(Entry::Lease(weak), at);
+                    items.push((item, key));
+                }
+            }
+        }
+        self.entries = new;
+        // The tick lapses; the next lease taken puts it back.
+        self.ticking = false;
+        items
+            .into_iter()
+            .map(|(item, key)| {
+                *lock(&item.timer().key) = Some(key);
+                item
+            })
+            .collect()
+    }
+
+    /// Puts `item` in the queue at `at` (clamped to its `not_after`), or
+    /// moves it there if it is in already. Called with the queue locked.
+    pub(super) fn put(&mut self, item: &Arc<dyn Watched>, at: Instant) {
+        let at = at.min(item.not_after());
+        let mut key = lock(&item.timer().key);
+        match key.as_ref() {
+            Some(k) => self.entries.reset_at(k, at.into()),
+            None => {
+                *key = Some(
+                    self.entries
+                        .insert_at(Entry::Lease(Arc::downgrade(item)), at.into()),
+                );
+            }
+        }
+    }
+}
