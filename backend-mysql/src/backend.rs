@@ -1,5 +1,6 @@
 //! The backend: acquire a row lock on a connection of its own (a pooled
-//! one when free), the fencing counter committed on its own; inspect, list.
+//! one when free), the fencing counter set in that transaction (or
+//! committed on its own); inspect, list.
 
 use std::time::{Duration, Instant};
 
@@ -49,9 +50,11 @@ impl Backend for MysqlBackend {
 
     /// On a connection of its own, a transaction that locks the name's row
     /// (`NOWAIT` for a try, the server's lock wait otherwise; a read-write
-    /// lock's row shared for a reader), then the
-    /// fencing counter advanced and committed on another connection, then a
-    /// round trip proving the transaction outlived the increment.
+    /// lock's row shared for a reader), then the fencing counter: set to
+    /// the server's clock in that transaction for a lock's holder or a
+    /// writer, else advanced and committed on another connection and
+    /// followed by a round trip proving the transaction outlived the
+    /// increment (see `counter.rs`).
     ///
     /// A lock-delay (locks and elections) is a record in the table of
     /// lock-delays: read in that last round trip, an unreleased
@@ -83,6 +86,7 @@ impl Backend for MysqlBackend {
         // From here, dropping `h` (an error, or this future dropped) closes
         // the connection and KILLs its thread: nothing stays locked.
         let h = self.open_transaction(ttl, first_wait).await?;
+        let owner = req.owner.to_string();
         // A read-write lock's row is its own, beside the lock's of the same
         // name: readers lock it shared, writers for update. A permit is one
         // of the semaphore's slot rows, its counter one for all of them.
@@ -101,8 +105,10 @@ impl Backend for MysqlBackend {
                     Mode::Write => (rw_row(req.name), false),
                     _ => (req.name.to_owned(), false),
                 };
+                // A holder alone sets its token with its locking read.
+                let fence_for = (sh.cfg.fencing && !shared).then_some(owner.as_str());
                 let at = self
-                    .wait_for_row(&mut h, &row, req.deadline, first_wait, shared)
+                    .wait_for_row(&mut h, &row, req.deadline, first_wait, shared, fence_for)
                     .await?;
                 (h, at.map(|at| (row.clone(), row, at)))
             }
@@ -112,14 +118,18 @@ impl Backend for MysqlBackend {
             return Ok(None);
         };
         let conn_id = h.id.unwrap_or_default();
-        let owner = req.owner.to_string();
         let mut record_armed = None;
         let (fence, sent) = if sh.cfg.fencing {
-            // The fencing counter: advanced while the row is locked, in its
-            // own committed statement, so it never rolls back with a dead
-            // holder.
-            let fence = self.next_fence(&counter, conn_id, owner.clone()).await?;
+            // The fencing counter, while the row is locked: set to the
+            // clock in the holding transaction for a holder alone, else
+            // advanced in its own committed statement (see `counter.rs`).
             let exclusive = matches!(req.mode, Mode::Exclusive);
+            let mut sent = Instant::now();
+            let held = h.fence.take();
+            let fence = match held {
+                Some(f) => f,
+                None => self.next_fence(&counter, conn_id, owner.clone()).await?,
+            };
             if let (true, Some(value)) = (exclusive, req.value) {
                 self.record_value(&row, fence, value).await?;
             }
@@ -127,8 +137,10 @@ impl Backend for MysqlBackend {
             // then is every later holder's increment after this one. A
             // lock's holder proves it by publishing itself, after its
             // fencing row and value are written, so that inspection finds
-            // them written.
-            let mut sent = Instant::now();
+            // them written. A token set in the transaction needs no proof.
+            if held.is_none() {
+                sent = Instant::now();
+            }
             if exclusive {
                 // A second for a dying previous holder's user lock, unless
                 // that would reach past the deadline (a renewal takes it
@@ -166,7 +178,7 @@ impl Backend for MysqlBackend {
                     // holding connection lost before that grants nothing.
                     self.prove_alive(&mut h).await?;
                 }
-            } else {
+            } else if held.is_none() {
                 self.prove_alive(&mut h).await?;
             }
             (Some(fence), sent)

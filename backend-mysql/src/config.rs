@@ -62,7 +62,7 @@ pub struct MysqlConfig {
     pub ensure_schema: bool,
     /// Whether each acquisition advances the name's fencing counter (`true`,
     /// the default: strict tokens) or skips it (`fencing=none`: no tokens,
-    /// exclusion only, one durable commit and two round trips fewer).
+    /// exclusion only, one or two round trips fewer).
     pub fencing: bool,
     /// The layout of a read-write lock: shared and exclusive row locks
     /// ([`Layout::Native`](lockcore::Layout::Native), the default) or built

@@ -208,6 +208,9 @@ pub(crate) struct Holding {
     /// while the holding stayed with the lease): the connection can no
     /// longer be used.
     pub(crate) in_flight: bool,
+    /// The fencing token the last locking read set in this transaction,
+    /// when it was asked to (see `counter.rs`).
+    pub(crate) fence: Option<u64>,
     /// The session's `wait_timeout` as last set on the server, in seconds
     /// (kept with the connection, so a renewal whose caller went away
     /// still records what it set).
@@ -225,6 +228,7 @@ impl Holding {
             user_lock: None,
             term_lock: None,
             in_flight: false,
+            fence: None,
             session_ttl: 0,
             shared,
         }

@@ -12,7 +12,7 @@ use sqlx::{AssertSqlSafe, Connection};
 use crate::config::{check_table, MysqlConfig, NAME};
 use crate::conn::{answer, Idle, Shared, IDLE_BEFORE_PING};
 use crate::error::{db_number, map_err};
-use crate::sql::{delay_table, schema_sql, value_table, Sql};
+use crate::sql::{delay_table, schema_sql, value_table, Sql, AUX_SESSION_SETUP};
 
 /// Locks in a MySQL 8 or MariaDB database: one row per name, locked by
 /// `SELECT ... FOR UPDATE` in a transaction held open on a dedicated pooled
@@ -138,6 +138,17 @@ impl MysqlBackend {
             // A ping only for a connection idle long enough to have died
             // (a server restart): not one before every fencing statement.
             .test_before_acquire(false)
+            // Inspection reads the holder a lock's transaction recorded in
+            // its counter row, uncommitted (see `counter.rs`); probes and
+            // listings set their own level for their transactions.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::raw_sql(AUX_SESSION_SETUP)
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            })
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
                     if meta.idle_for >= IDLE_BEFORE_PING {

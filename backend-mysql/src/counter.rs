@@ -1,6 +1,19 @@
-//! What commits on its own, apart from the holding transaction: the
-//! fencing counter, the value beside a lease and a lock-delay's record.
+//! The fencing counter, and what commits on its own apart from the
+//! holding transaction: the value beside a lease and a lock-delay's record.
+//!
+//! A token is never below the server's clock in microseconds (UTC). A
+//! lock's holder (one at a time: a lock, an election, a writer) sets its
+//! counter row to the clock in its own transaction, with no commit: the
+//! successor's token is read from the clock after this holder's
+//! transaction ended, so it is larger even when that transaction rolled
+//! back (a crash, a `KILL`, a server restart), as long as the clock does
+//! not step back. Where the committed counter is not below the clock (it
+//! was raised past it: readers and permits advance it one by one, and
+//! many in one microsecond, or a clock stepped back), the holder advances
+//! it on its own, committed, as readers and permits always do, which keeps
+//! tokens rising from it.
 
+use std::fmt::Write as _;
 use std::time::Instant;
 
 use lockcore::raw::prelude::*;
@@ -10,6 +23,7 @@ use crate::config::NAME;
 use crate::conn::Shared;
 use crate::core::MysqlBackend;
 use crate::error::map_err;
+use crate::sql::CLOCK_US;
 
 impl MysqlBackend {
     /// Advances the name's fencing counter in its own autocommit statement
@@ -34,6 +48,36 @@ impl MysqlBackend {
             )),
             f => Ok(f),
         }
+    }
+
+    /// The request that locks `row` for a lock's holder (`lock`, the
+    /// locking read as built in `sql.rs`, with one `?` for the row) and, in
+    /// the same transaction, sets its fencing counter to the server's clock
+    /// where the counter is below it, recording the holder's connection id
+    /// and owner (inspection reads them uncommitted): nothing commits, and
+    /// the counter row stays locked until the transaction ends. Its last
+    /// row is the counter's new value, or `NULL` when it was not set (the
+    /// counter not below the clock, or no counter or lock row yet: the
+    /// lock connection reads committed, so nothing else was locked), for
+    /// the caller to advance it on its own ([`next_fence`](Self::next_fence)).
+    /// The statements after a locking read that fails are not run.
+    pub(crate) fn lock_and_fence_sql(
+        &self,
+        lock: &str,
+        row: &str,
+        conn_id: u64,
+        owner: &str,
+    ) -> String {
+        let (table, fence) = (&self.shared.cfg.table, self.shared.cfg.fence_table());
+        // Bytes as hex literals: safe in the text, compared byte for byte.
+        let row = hex(row);
+        let owner = hex(owner);
+        let lock = lock.replacen('?', &row, 1);
+        format!(
+            "{lock}; UPDATE `{fence}` SET `fence` = LAST_INSERT_ID({CLOCK_US}), `holder_conn` = {conn_id}, `owner` = {owner} \
+             WHERE `name` = {row} AND `fence` < {CLOCK_US} AND EXISTS (SELECT 1 FROM `{table}` WHERE `name` = {row}); \
+             SELECT IF(ROW_COUNT() = 1, CAST(LAST_INSERT_ID() AS UNSIGNED), NULL), NULL"
+        )
     }
 
     /// Records a candidate's value beside its lock, with the term (fencing
@@ -184,4 +228,15 @@ pub(crate) enum Autocommit<'a> {
     },
     /// Delete `owner`'s record of `name`.
     DelayClear { name: &'a str, owner: &'a str },
+}
+
+/// `bytes` as a hex literal, `X'...'`: only hex digits in the text.
+pub(crate) fn hex(bytes: &str) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2 + 3);
+    out.push_str("X'");
+    for b in bytes.bytes() {
+        let _ = write!(out, "{b:02X}");
+    }
+    out.push('\'');
+    out
 }

@@ -262,7 +262,7 @@ impl MysqlBackend {
         self.begin(probe, 60, 3).await?;
         let probe_id = probe.id.unwrap_or_default();
         if self
-            .lock_row(probe, name, Deadline::Now, false)
+            .lock_row(probe, name, Deadline::Now, false, None)
             .await?
             .is_some()
         {

@@ -5,8 +5,9 @@
 //! byte for byte), held by an open transaction on a connection of its own:
 //! the lease is the connection ([`LeaseKind::Connection`](lockcore::LeaseKind::Connection)),
 //! and the session's `wait_timeout` follows the ttl, so a holder that dies
-//! or stalls frees the row. Fencing tokens come from a counter row committed
-//! on its own; read-write locks and semaphores lock rows of their own; a
+//! or stalls frees the row. A lock's fencing token is the server's clock in
+//! microseconds, set in its counter row by the holding transaction (no
+//! commit of its own; see `counter.rs`); read-write locks and semaphores lock rows of their own; a
 //! holder names itself with a user lock (`GET_LOCK`) for inspection; a
 //! lock-delay is a record beside the lock that every client of ours honours
 //! ([`LockDelay::Recorded`](lockcore::LockDelay::Recorded)).

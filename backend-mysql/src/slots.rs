@@ -217,7 +217,7 @@ impl MysqlBackend {
                     let row = slot_row(name, i);
                     let got = match span {
                         Span::Whole(d) => {
-                            self.wait_for_row(&mut h, &row, d, session_wait, false)
+                            self.wait_for_row(&mut h, &row, d, session_wait, false, None)
                                 .await?
                         }
                         Span::Chunk => self.wait_chunk(&mut h, &row).await?,
@@ -243,7 +243,7 @@ impl MysqlBackend {
     async fn wait_chunk(&self, h: &mut Holding, row: &str) -> Result<Option<Instant>> {
         let sent = Instant::now();
         match self
-            .lock_row(h, row, Deadline::At(sent + CHUNK), false)
+            .lock_row(h, row, Deadline::At(sent + CHUNK), false, None)
             .await?
         {
             Some(true) => Ok(Some(sent)),

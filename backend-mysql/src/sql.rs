@@ -12,6 +12,16 @@ use crate::config::{check_table, NAME};
 /// shared locks for the existence check of a new name.
 pub(crate) const SESSION_SETUP: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
+/// Every auxiliary connection's session: inspection reads a holder's
+/// record in its counter row before it commits (it never does).
+pub(crate) const AUX_SESSION_SETUP: &str =
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED";
+
+/// The server's clock in microseconds since the epoch, UTC (one value
+/// for the whole statement): the floor of every fencing token.
+pub(crate) const CLOCK_US: &str =
+    "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS UNSIGNED)";
+
 /// How long one server-side lock wait lasts when waiting forever; the wait
 /// is renewed after each, so a silent server is noticed.
 pub(crate) const FOREVER_CHUNK_SECS: u64 = 30;
@@ -55,6 +65,7 @@ pub(crate) struct Sql {
     /// not hide the rows from each other.
     pub(crate) slots_beyond_free: Arc<str>,
     pub(crate) insert_row: Arc<str>,
+    /// The counter advanced on its own, committed: the clock or one more.
     pub(crate) fence: Arc<str>,
     pub(crate) holder: Arc<str>,
     /// A candidate's value and term, recorded beside the fencing counter
@@ -190,8 +201,8 @@ impl Sql {
             )
             .into(),
             fence: format!(
-                "INSERT INTO `{fence}` (`name`, `fence`, `holder_conn`, `owner`) VALUES (?, LAST_INSERT_ID(1), ?, ?) \
-                 ON DUPLICATE KEY UPDATE `fence` = LAST_INSERT_ID(`fence` + 1), `holder_conn` = VALUES(`holder_conn`), `owner` = VALUES(`owner`)"
+                "INSERT INTO `{fence}` (`name`, `fence`, `holder_conn`, `owner`) VALUES (?, LAST_INSERT_ID({CLOCK_US}), ?, ?) \
+                 ON DUPLICATE KEY UPDATE `fence` = LAST_INSERT_ID(GREATEST(`fence` + 1, {CLOCK_US})), `holder_conn` = VALUES(`holder_conn`), `owner` = VALUES(`owner`)"
             )
             .into(),
             holder: format!("SELECT `holder_conn` FROM `{fence}` WHERE `name` = ?").into(),

@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use lockcore::raw::prelude::*;
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Either, Row};
 
 use crate::config::NAME;
 use crate::conn::{Holding, LockConn};
@@ -49,7 +50,10 @@ impl MysqlBackend {
 
     /// Locks the row of `name` on `h`'s transaction within `deadline`
     /// (creating the row on first use): when the locking read that got it
-    /// was sent, `None` when the deadline passed.
+    /// was sent, `None` when the deadline passed. With `fence_for`, an
+    /// owner, the same request sets the fencing counter of the row (see
+    /// [`lock_and_fence_sql`](MysqlBackend::lock_and_fence_sql)): the token
+    /// is left in `h.fence`.
     pub(crate) async fn wait_for_row(
         &self,
         h: &mut Holding,
@@ -57,6 +61,7 @@ impl MysqlBackend {
         deadline: Deadline,
         first_wait: u64,
         shared: bool,
+        fence_for: Option<&str>,
     ) -> Result<Option<Instant>> {
         let mut wait_set = first_wait;
         let mut created = false;
@@ -80,7 +85,7 @@ impl MysqlBackend {
                 }
             }
             let sent = Instant::now();
-            match self.lock_row(h, name, deadline, shared).await? {
+            match self.lock_row(h, name, deadline, shared, fence_for).await? {
                 Some(true) => return Ok(Some(sent)),
                 Some(false) if !created => {
                     self.create_row(h, name).await?;
@@ -239,13 +244,15 @@ impl MysqlBackend {
 
     /// One locking read on the held transaction. `Ok(Some(true))`: locked;
     /// `Ok(Some(false))`: the row does not exist; `Ok(None)`: held by another
-    /// (the wait or `NOWAIT` ended).
+    /// (the wait or `NOWAIT` ended). With `fence_for`, as
+    /// [`wait_for_row`](Self::wait_for_row).
     pub(crate) async fn lock_row(
         &self,
         h: &mut Holding,
         name: &str,
         deadline: Deadline,
         shared: bool,
+        fence_for: Option<&str>,
     ) -> Result<Option<bool>> {
         let sh = self.shared.clone();
         let what = "locking the row";
@@ -288,31 +295,61 @@ impl MysqlBackend {
             ),
         };
         let id = h.id;
-        let fut = sqlx::query(AssertSqlSafe(sql))
-            .bind(name.as_bytes())
-            .fetch_optional(h.conn()?);
+        h.fence = None;
+        let fenced = fence_for
+            .map(|owner| self.lock_and_fence_sql(&sql, name, id.unwrap_or_default(), owner));
+        let conn = h.conn()?;
+        let fut = async move {
+            match fenced {
+                Some(sql) => locked_and_fenced(conn, sql).await,
+                None => sqlx::query(AssertSqlSafe(sql))
+                    .bind(name.as_bytes())
+                    .fetch_optional(conn)
+                    .await
+                    .map(|row| (row.is_some(), None))
+                    .map_err(|e| (false, e)),
+            }
+        };
         // A statement of the holding transaction: one that did not answer
         // is rolled back with its connection.
         let fut = sh.answer(what, client_limit, false, fut);
-        tokio::pin!(fut);
-        let res = match cut_at {
-            None => fut.await,
-            Some(t) => {
-                tokio::select! {
-                    r = &mut fut => r,
-                    () = tokio::time::sleep_until(t.into()) => {
-                        if let Some(id) = id {
-                            sh.kill(id, true).await?;
+        let res = async {
+            tokio::pin!(fut);
+            match cut_at {
+                None => fut.await,
+                Some(t) => {
+                    tokio::select! {
+                        r = &mut fut => r,
+                        () = tokio::time::sleep_until(t.into()) => {
+                            if let Some(id) = id {
+                                sh.kill(id, true).await?;
+                            }
+                            fut.await
                         }
-                        fut.await
                     }
                 }
             }
-        };
+        }
+        .await;
         match res? {
-            Ok(row) => Ok(Some(row.is_some())),
-            Err(e) if held_err(&e) => Ok(None),
-            Err(e) => Err(map_err(e, what, &sh.server)),
+            Ok((locked, fence)) => {
+                h.fence = fence;
+                Ok(Some(locked))
+            }
+            // The row locked, its counter row held by another session past
+            // the lock wait (no client of ours holds it without the lock's
+            // row): the transaction, maybe rolled back whole, is closed with
+            // the error. Cut at the deadline instead, it was not had in time.
+            Err((true, e)) if db_number(&e) == Some(code::LOCK_WAIT_TIMEOUT) => Err(Error::unavailable(
+                NAME,
+                format!(
+                    "the fencing counter row of {name:?} in `{}` is locked by a session outside this library: {e}",
+                    sh.cfg.fence_table()
+                ),
+            )
+            .with_source(e)),
+            Err((_, e)) if held_err(&e) => Ok(None),
+            Err((_, e)) => Err(map_err(e, what, &sh.server)),
         }
     }
 
@@ -351,4 +388,27 @@ impl MysqlBackend {
         )
         .await
     }
+}
+
+/// Runs a [`lock_and_fence_sql`](MysqlBackend::lock_and_fence_sql) request:
+/// whether the row was locked, and the token set. An error says whether
+/// it came after the row was locked (from the counter's statements).
+async fn locked_and_fenced(
+    conn: &mut sqlx::MySqlConnection,
+    sql: String,
+) -> std::result::Result<(bool, Option<u64>), (bool, sqlx::Error)> {
+    let mut replies = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_many(conn);
+    let (mut locked, mut fence) = (false, None);
+    while let Some(reply) = replies.next().await {
+        match reply {
+            // The locking read's row has one column, the last reply two.
+            Ok(Either::Right(row)) if row.len() == 1 => locked = true,
+            Ok(Either::Right(row)) => {
+                fence = row.try_get::<Option<u64>, _>(0).map_err(|e| (locked, e))?;
+            }
+            Ok(Either::Left(_)) => {}
+            Err(e) => return Err((locked, e)),
+        }
+    }
+    Ok((locked, fence))
 }

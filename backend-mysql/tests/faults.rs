@@ -63,8 +63,22 @@ async fn try_with_ttl(l: &lockcore::Locker, name: &str, ttl: Duration) -> lockco
         .expect("free")
 }
 
+/// Takes and releases `name` once: its counter row exists from then on,
+/// so that the next holder's token is set in its transaction, uncommitted
+/// (the first use commits the row on its own).
+async fn use_once(l: &lockcore::Locker, name: &str) {
+    l.try_lock(name)
+        .await
+        .expect("try")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+}
+
 /// `KILL <id>` of the holder's session from another connection: the waiter
-/// gets the row with a larger fencing token, and the old guard's lost signal
+/// gets the row with a larger fencing token (the holder's, set in its
+/// transaction, was rolled back), and the old guard's lost signal
 /// fires; its release reports `Lost`.
 async fn kill_holder_connection(ctx: Ctx) {
     let (a, b) = (ctx.locker().await, ctx.locker().await);
@@ -73,6 +87,7 @@ async fn kill_holder_connection(ctx: Ctx) {
         .unwrap();
     let name = ctx.name("killed");
     let ttl = Duration::from_secs(3);
+    use_once(&a, &name).await;
     let g = try_with_ttl(&a, &name, ttl).await;
     let old_fence = g.fence().expect("fence");
     let waiter = {
@@ -846,10 +861,12 @@ async fn first_lock_after_a_server_restart(ctx: Ctx) {
 
 /// The server restarted under a holder: its lost signal fires (its
 /// connection, and so its transaction, is gone), and the next holder's
-/// token is larger (the counter is committed on its own).
+/// token is larger (the holder's token, set in its transaction, rolled
+/// back with it: the successor's comes from the clock, later).
 async fn restart_under_a_holder(ctx: Ctx) {
     let l = ctx.locker().await;
     let name = ctx.name("restart/held");
+    use_once(&l, &name).await;
     let g = try_with_ttl(&l, &name, Duration::from_secs(3)).await;
     let before = g.fence().expect("a token");
     let _start = UndoOnDrop::new("start", &["mariadb"]);
@@ -1277,48 +1294,70 @@ async fn fencing_none_validity_after_a_long_wait(ctx: Ctx) {
     got.release().await.unwrap();
 }
 
-/// The fencing counter's increment is an autocommit write on a connection
-/// of its own: one that does not answer in time may have committed, so
-/// the acquire fails `Indeterminate`, not `Unavailable` (here a plain SQL
-/// session holds the counter row, so the increment waits past the request
-/// timeout). Nothing stays held: once the session lets go, another client
-/// takes the name, with a token above the one before.
-async fn a_fence_increment_without_answer_is_indeterminate(ctx: Ctx) {
-    let name = ctx.name("fence-stuck");
-    let plain = ctx.locker().await;
-    let first = plain.try_lock(&name).await.expect("try").expect("free");
-    let before = first.fence().expect("a token");
-    first.release().await.expect("release");
-    let mut sql = admin(&ctx).await;
+/// Holds `row` of the counter table in a transaction of a plain SQL
+/// session, until the session is dropped or rolled back.
+async fn lock_counter_row(ctx: &Ctx, row: &str) -> sqlx::MySqlConnection {
+    let mut sql = admin(ctx).await;
     sqlx::raw_sql("START TRANSACTION")
         .execute(&mut sql)
         .await
         .expect("begin");
     sqlx::query("SELECT 1 FROM lockcore_locks_fence WHERE name = ? FOR UPDATE")
-        .bind(name.as_bytes())
+        .bind(row.as_bytes())
         .fetch_optional(&mut sql)
         .await
         .expect("lock the counter row")
         .expect("the counter row");
+    sql
+}
+
+/// A plain SQL session holds a name's fencing counter row. A lock's holder
+/// sets its counter in its own transaction: the acquire fails
+/// `Unavailable`, naming the counter row, its transaction rolled back. A
+/// reader advances the counter in an autocommit write on a connection of
+/// its own: one that does not answer in time may have committed, so it
+/// fails `Indeterminate`. Nothing stays held either way: once the session
+/// lets go, another client takes the name, with a token above the one
+/// before.
+async fn a_locked_counter_row_fails_the_acquire_and_holds_nothing(ctx: Ctx) {
+    let name = ctx.name("fence-stuck");
+    let plain = ctx.locker().await;
+    use_once(&plain, &name).await;
+    let first = plain.try_lock(&name).await.expect("try").expect("free");
+    let before = first.fence().expect("a token");
+    first.release().await.expect("release");
+    let rw = lockcore::RwLock::new(&plain, &name).expect("rwlock");
+    let reader = rw.try_read().await.expect("try_read").expect("free");
+    let read_before = reader.fence().expect("a reader's token");
+    drop(reader);
     let quick = lockcore_mysql::connect(&with_opts(&ctx, "request_timeout_ms=1500"))
         .await
         .expect("connect");
+    let sql = lock_counter_row(&ctx, &name).await;
     let err = quick
         .try_lock(&name)
         .await
         .expect_err("granted while the counter row was locked");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("fencing counter row"), "{err}");
+    drop(sql);
+    let mut sql = lock_counter_row(&ctx, &format!("{name}\u{1}rw")).await;
+    let quick_rw = lockcore::RwLock::new(&quick, &name).expect("rwlock");
+    let err = quick_rw
+        .try_read()
+        .await
+        .expect_err("a reader granted while the counter row was locked");
     assert_eq!(err.kind(), ErrorKind::Indeterminate, "{err}");
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut sql)
         .await
         .expect("rollback");
-    // Nothing stays held: the failed attempt's connection was closed (its
-    // transaction rolled back), so a waiter gets the name well within 10 s.
+    // Nothing stays held: the failed attempts' connections were closed
+    // (their transactions rolled back), so waiters get the names well
+    // within 10 s.
+    let wait = LockOptions::new().wait(Wait::For(Duration::from_secs(10)));
     let next = plain
-        .acquire(
-            &name,
-            &LockOptions::new().wait(Wait::For(Duration::from_secs(10))),
-        )
+        .acquire(&name, &wait)
         .await
         .expect("acquire")
         .expect("the name stayed held after the failed acquire");
@@ -1327,6 +1366,61 @@ async fn a_fence_increment_without_answer_is_indeterminate(ctx: Ctx) {
         "tokens did not rise"
     );
     next.release().await.expect("release");
+    let w = rw
+        .write(&wait)
+        .await
+        .expect("write")
+        .expect("the read-write lock stayed held after the failed read");
+    assert!(
+        w.fence().expect("a token") > read_before,
+        "tokens did not rise"
+    );
+    w.release().await.expect("release");
+}
+
+/// A counter raised past the server's clock (by hand here; readers and
+/// permits in one microsecond, or a clock stepped back, do it too): a
+/// lock's holder cannot take the clock, so it advances the counter
+/// committed on its own. Its successor after a `KILL` (the holder's
+/// transaction rolled back) still gets a larger token, and so does the
+/// one after a release.
+async fn a_counter_past_the_clock_still_rises_across_a_killed_holder(ctx: Ctx) {
+    let name = ctx.name("fence-ahead");
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    use_once(&a, &name).await;
+    let ahead: u64 = 1 << 62;
+    let mut sql = admin(&ctx).await;
+    sqlx::query("UPDATE lockcore_locks_fence SET fence = ? WHERE name = ?")
+        .bind(ahead)
+        .bind(name.as_bytes())
+        .execute(&mut sql)
+        .await
+        .expect("raise the counter");
+    let g = try_with_ttl(&a, &name, Duration::from_secs(3)).await;
+    let t1 = g.fence().expect("a token");
+    assert!(t1 > ahead, "token {t1} not above the counter {ahead}");
+    let id = MysqlBackend::connect(MysqlConfig::parse(&ctx.config).unwrap())
+        .await
+        .unwrap()
+        .holder_connection(&name)
+        .await
+        .expect("holder")
+        .expect("a holder is recorded");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+        .execute(&mut sql)
+        .await
+        .expect("KILL");
+    let g2 = b
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("the name is free after the KILL");
+    let t2 = g2.fence().expect("a token");
+    assert!(t2 > t1, "token {t2} after {t1}, across a killed holder");
+    g2.release().await.expect("release");
+    let g3 = a.try_lock(&name).await.expect("try").expect("free");
+    let t3 = g3.fence().expect("a token");
+    assert!(t3 > t2, "token {t3} after {t2}, across a release");
+    g3.release().await.expect("release");
 }
 
 fn main() -> std::process::ExitCode {
@@ -1346,7 +1440,8 @@ fn main() -> std::process::ExitCode {
             )
             .hint(COMPOSE_HINT)
             .only_own_cases(),
-            a_fence_increment_without_answer_is_indeterminate,
+            a_locked_counter_row_fails_the_acquire_and_holds_nothing,
+            a_counter_past_the_clock_still_rises_across_a_killed_holder,
             restart_under_a_holder,
             kill_holder_connection,
             killed_leader_hands_over_with_its_value,
