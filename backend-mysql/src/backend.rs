@@ -124,7 +124,6 @@ impl Backend for MysqlBackend {
             // clock in the holding transaction for a holder alone, else
             // advanced in its own committed statement (see `counter.rs`).
             let exclusive = matches!(req.mode, Mode::Exclusive);
-            let mut sent = Instant::now();
             let held = h.fence.take();
             let fence = match held {
                 Some(f) => f,
@@ -138,9 +137,9 @@ impl Backend for MysqlBackend {
             // lock's holder proves it by publishing itself, after its
             // fencing row and value are written, so that inspection finds
             // them written. A token set in the transaction needs no proof.
-            if held.is_none() {
-                sent = Instant::now();
-            }
+            // The validity counts from the sending of the next round trip
+            // on the holding connection, which restarts its idle clock.
+            let mut sent = Instant::now();
             if exclusive {
                 // A second for a dying previous holder's user lock, unless
                 // that would reach past the deadline (a renewal takes it
@@ -178,7 +177,11 @@ impl Backend for MysqlBackend {
                     // holding connection lost before that grants nothing.
                     self.prove_alive(&mut h).await?;
                 }
-            } else if held.is_none() {
+            } else if held.is_some() && locked_at.elapsed() <= req.ttl / 10 {
+                // A writer whose locking read, which set its token, was
+                // quick: as without fencing, from that read's sending.
+                sent = locked_at;
+            } else {
                 self.prove_alive(&mut h).await?;
             }
             (Some(fence), sent)

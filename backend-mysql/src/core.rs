@@ -139,8 +139,10 @@ impl MysqlBackend {
             // (a server restart): not one before every fencing statement.
             .test_before_acquire(false)
             // Inspection reads the holder a lock's transaction recorded in
-            // its counter row, uncommitted (see `counter.rs`); probes and
-            // listings set their own level for their transactions.
+            // its counter row, uncommitted (see `counter.rs`); probes set
+            // their own level for their transactions. A listing's page of
+            // names may then show a row another session inserted and has
+            // not committed: that session holds it, and its probe says so.
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::raw_sql(AUX_SESSION_SETUP)

@@ -7,11 +7,11 @@
 //! successor's token is read from the clock after this holder's
 //! transaction ended, so it is larger even when that transaction rolled
 //! back (a crash, a `KILL`, a server restart), as long as the clock does
-//! not step back. Where the committed counter is not below the clock (it
-//! was raised past it: readers and permits advance it one by one, and
-//! many in one microsecond, or a clock stepped back), the holder advances
-//! it on its own, committed, as readers and permits always do, which keeps
-//! tokens rising from it.
+//! not step back by more than the time between the two acquisitions.
+//! Where the committed counter is not below the clock (readers and
+//! permits, many in one microsecond, raised it past the clock), the holder
+//! advances it on its own, committed, as readers and permits always do:
+//! tokens go on rising from every committed one.
 
 use std::fmt::Write as _;
 use std::time::Instant;

@@ -333,7 +333,10 @@ impl MysqlBackend {
         .await;
         match res? {
             Ok((locked, fence)) => {
-                h.fence = fence;
+                // A row committed between the read and the counter's
+                // statement is not held: its token, if set, goes with the
+                // rollback that follows.
+                h.fence = fence.filter(|_| locked);
                 Ok(Some(locked))
             }
             // The row locked, its counter row held by another session past

@@ -1423,6 +1423,51 @@ async fn a_counter_past_the_clock_still_rises_across_a_killed_holder(ctx: Ctx) {
     g3.release().await.expect("release");
 }
 
+/// A writer's token is set to the clock in its transaction; a reader's
+/// advances the counter committed on its own. After the writer's session
+/// is killed (its token rolled back with it), a reader's token is still
+/// larger: the committed counter is floored at the clock too.
+async fn a_reader_after_a_killed_writer_gets_a_larger_token(ctx: Ctx) {
+    let name = ctx.name("rw-killed");
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let rw_a = lockcore::RwLock::new(&a, &name).expect("rwlock");
+    // Used once: the counter row exists, so the next writer's token is
+    // set in its transaction.
+    let w = rw_a.try_write().await.expect("try_write").expect("free");
+    w.release().await.expect("release");
+    let w = rw_a.try_write().await.expect("try_write").expect("free");
+    let written = w.fence().expect("a writer's token");
+    // The writer's connection, as its transaction recorded it (uncommitted).
+    let mut sql = admin(&ctx).await;
+    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+        .execute(&mut sql)
+        .await
+        .expect("read uncommitted");
+    let id: Option<u64> =
+        sqlx::query_scalar("SELECT holder_conn FROM lockcore_locks_fence WHERE name = ?")
+            .bind(format!("{name}\u{1}rw").as_bytes())
+            .fetch_one(&mut sql)
+            .await
+            .expect("the writer's counter row");
+    let id = id.expect("the writer's connection is recorded");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL {id}")))
+        .execute(&mut sql)
+        .await
+        .expect("KILL");
+    let rw_b = lockcore::RwLock::new(&b, &name).expect("rwlock");
+    let r = rw_b
+        .read(&LockOptions::new().wait(Wait::For(Duration::from_secs(10))))
+        .await
+        .expect("read")
+        .expect("the writer's row is free after the KILL");
+    let read = r.fence().expect("a reader's token");
+    assert!(
+        read > written,
+        "a reader's token {read} after the killed writer's {written}"
+    );
+    r.release().await.expect("release");
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("mysql-soak")
@@ -1442,6 +1487,7 @@ fn main() -> std::process::ExitCode {
             .only_own_cases(),
             a_locked_counter_row_fails_the_acquire_and_holds_nothing,
             a_counter_past_the_clock_still_rises_across_a_killed_holder,
+            a_reader_after_a_killed_writer_gets_a_larger_token,
             restart_under_a_holder,
             kill_holder_connection,
             killed_leader_hands_over_with_its_value,

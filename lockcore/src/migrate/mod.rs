@@ -31,9 +31,9 @@
 //! new-only holders the new backend's. The new tokens must compare above
 //! every old token, or the resource's gate is reset deliberately. Set the
 //! offset above any token the old backend has issued or will issue during
-//! the migration (for Redis, whose tokens are microseconds since 1970,
-//! `1 << 52` lasts until 2112; for etcd or MySQL, above the current
-//! revision or counter, with room), and keep the same offset on the
+//! the migration (for Redis and MySQL, whose tokens are microseconds since
+//! 1970, `1 << 52` lasts until 2112; for etcd, above the current
+//! revision, with room), and keep the same offset on the
 //! new-only clients of step 3 ([`OffsetFences`]). During step 2 an old-only
 //! client's write that follows a migrating client's write is refused as
 //! stale: safe, and one more reason to finish step 2 before writers resume.
