@@ -21,20 +21,10 @@ from pymysql.constants import CLIENT
 CLOCK = "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) AS UNSIGNED)"
 
 
-def main() -> None:
-    url = urlparse(sys.argv[1])
-    conn = pymysql.connect(
-        host=url.hostname,
-        port=url.port or 3306,
-        user=url.username,
-        password=url.password or "",
-        database=url.path.lstrip("/"),
-        autocommit=True,
-        client_flag=CLIENT.MULTI_STATEMENTS,
-    )
-    cur = conn.cursor()
-    # The counter committed on its own runs on a second connection.
-    other = pymysql.connect(
+def cursor(url):
+    """A cursor on a connection of its own, in autocommit, that may send
+    several statements in one request."""
+    return pymysql.connect(
         host=url.hostname,
         port=url.port or 3306,
         user=url.username,
@@ -43,6 +33,13 @@ def main() -> None:
         autocommit=True,
         client_flag=CLIENT.MULTI_STATEMENTS,
     ).cursor()
+
+
+def main() -> None:
+    url = urlparse(sys.argv[1])
+    cur = cursor(url)
+    # The counter committed on its own runs on a second connection.
+    other = cursor(url)
     name = f"pm/{uuid.uuid4().hex}".encode()
     row = "X'" + name.hex() + "'"
     cur.execute("INSERT IGNORE INTO lockcore_locks (name) VALUES (%s)", (name,))
