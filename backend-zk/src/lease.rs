@@ -2,11 +2,13 @@
 //! fires when the session ends or the node is deleted by someone else.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::raw::prelude::*;
+use zookeeper_client as zk;
 
 use crate::error::{is_session_end, map_err};
 use crate::nodes::{delete_node, delete_ours, watch_fired};
@@ -148,24 +150,63 @@ impl ZkLease {
 /// Raises the lost signal when the session ends or our node is deleted by
 /// someone else; deletes our node when the lease is lost on the client side
 /// (validity deadline passed), so the next waiter gets it.
-async fn watch_lease(
+///
+/// A held lease's task waits here for the whole hold, one per lease: its
+/// future keeps each argument once (an async block, not an async fn's
+/// arguments and their copies) and, while it waits, only the watch and the
+/// two signals (the setting of the watch is a future of its own).
+#[allow(clippy::manual_async_fn)] // an async fn would keep its arguments twice
+fn watch_lease(
     session: Arc<Session>,
     path: Arc<str>,
     lost: CancellationToken,
     flags: Arc<Flags>,
-) {
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        loop {
+            let Some(watcher) = Box::pin(set_watch(&session, &path, &lost, &flags)).await else {
+                return;
+            };
+            tokio::select! {
+                () = watch_fired(watcher) => {
+                    flags.unwatched.store(true, Ordering::SeqCst);
+                    continue;
+                }
+                _ = session.dead() => {
+                    lost.cancel();
+                    return;
+                }
+                _ = lost.cancelled() => {
+                    if !flags.abandoned.load(Ordering::SeqCst) && !flags.released.load(Ordering::SeqCst) {
+                        // Lost on the client's clock: free the name on the server.
+                        if let Ok(true) = Box::pin(delete_node(&session, &path)).await {
+                            tracing::debug!(node = %path, "deleted the node of a lost lease");
+                        }
+                        flags.gone.store(true, Ordering::SeqCst);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Sets the watch on our node: `None` when the lease ended (the node is
+/// gone, or the session), with the lost signal raised where it is lost.
+async fn set_watch(
+    session: &Session,
+    path: &str,
+    lost: &CancellationToken,
+    flags: &Flags,
+) -> Option<zk::OneshotWatcher> {
     loop {
-        // Boxed, as is the deletion below: the task's lasting state is only
-        // what the wait for the watch holds.
-        let watched = Box::pin(session.call(|c| {
-            let path = &*path;
-            async move { c.check_and_watch_stat(path).await }
-        }))
-        .await;
-        let watcher = match watched {
+        let watched = session
+            .call(|c| async move { c.check_and_watch_stat(path).await })
+            .await;
+        match watched {
             Ok((Some(_), w)) => {
                 flags.unwatched.store(false, Ordering::SeqCst);
-                Some(w)
+                return Some(w);
             }
             Ok((None, _)) => {
                 flags.gone.store(true, Ordering::SeqCst);
@@ -173,39 +214,17 @@ async fn watch_lease(
                     tracing::warn!(node = %path, "our lock node was deleted by someone else");
                     lost.cancel();
                 }
-                return;
+                return None;
             }
-            Err(e) if is_session_end(&e) || session.is_dead() => None,
+            Err(e) if is_session_end(&e) || session.is_dead() => {
+                lost.cancel();
+                return None;
+            }
             Err(_) => {
                 // No answer within the request timeout, the session still
                 // alive: look again (the monitor ends the session once it
                 // has been disconnected for about its timeout).
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Some(watcher) = watcher else {
-            lost.cancel();
-            return;
-        };
-        tokio::select! {
-            () = watch_fired(watcher) => {
-                flags.unwatched.store(true, Ordering::SeqCst);
-                continue;
-            }
-            _ = session.dead() => {
-                lost.cancel();
-                return;
-            }
-            _ = lost.cancelled() => {
-                if !flags.abandoned.load(Ordering::SeqCst) && !flags.released.load(Ordering::SeqCst) {
-                    // Lost on the client's clock: free the name on the server.
-                    if let Ok(true) = Box::pin(delete_node(&session, &path)).await {
-                        tracing::debug!(node = %path, "deleted the node of a lost lease");
-                    }
-                    flags.gone.store(true, Ordering::SeqCst);
-                }
-                return;
             }
         }
     }

@@ -259,16 +259,19 @@ async fn sweep(session: &Session, parent: &str, prefix: &str) -> Result<()> {
 /// Waits for a node watch to fire, in the caller's task: a panic inside
 /// the client (its watch's sender dropped with a closed client) is caught
 /// and reported as the watch having fired, so the caller looks at the node
-/// again, as after any event.
-pub(crate) async fn watch_fired(watcher: zk::OneshotWatcher) {
+/// again, as after any event. The client's own future, not wrapped in
+/// another (which would keep the watcher twice: a held lease waits on one).
+pub(crate) fn watch_fired(
+    watcher: zk::OneshotWatcher,
+) -> impl std::future::Future<Output = ()> + Send {
     use futures_util::FutureExt;
-    if std::panic::AssertUnwindSafe(watcher.changed())
+    std::panic::AssertUnwindSafe(watcher.changed())
         .catch_unwind()
-        .await
-        .is_err()
-    {
-        tracing::debug!("a node watch ended without an event (its client closed)");
-    }
+        .map(|fired| {
+            if fired.is_err() {
+                tracing::debug!("a node watch ended without an event (its client closed)");
+            }
+        })
 }
 
 /// Runs `fut` in a task that is aborted when the handle is dropped (so a
