@@ -244,3 +244,31 @@ async fn held_leases_survive_churn() {
         assert!(g.is_held(), "{}: {:?}", g.name(), g.lost_reason());
     }
 }
+
+/// Checks a second or more away that are due within one grid step come
+/// due together, never later and at most a twelfth of their wait early;
+/// a check due within 12 ms moves by less than a millisecond.
+#[test]
+fn checks_due_close_together_come_due_together() {
+    use super::queue::coalesced;
+    let now = Instant::now();
+    let mut points = std::collections::BTreeSet::new();
+    for i in 0..1000u64 {
+        let at = now + Duration::from_secs(1) + Duration::from_micros(i * 31);
+        let c = coalesced(at, now, now);
+        assert!(c <= at, "moved later");
+        assert!(
+            at - c <= Duration::from_millis(32),
+            "moved {:?} early",
+            at - c
+        );
+        points.insert(c);
+    }
+    // 31 ms of due times on a 32 ms grid: one or two points.
+    assert!(points.len() <= 2, "{} points", points.len());
+    let soon = now + Duration::from_millis(10);
+    let c = coalesced(soon, now, now);
+    assert!(c <= soon && soon - c < Duration::from_millis(1));
+    let past = now.checked_sub(Duration::from_millis(5)).unwrap_or(now);
+    assert!(coalesced(past, now, now) <= past);
+}
