@@ -80,8 +80,9 @@ impl Queue {
         let at = if not_after.saturating_duration_since(at) >= at.saturating_duration_since(now) {
             coalesced(at, now, *self.grid.get_or_insert(now))
         } else {
-            at.min(not_after)
-        };
+            at
+        }
+        .min(not_after);
         let mut key = lock(&item.timer().key);
         match key.as_ref() {
             Some(k) => self.entries.reset_at(k, at.into()),
@@ -97,7 +98,8 @@ impl Queue {
 
 /// `at`, moved earlier to the last point of a grid from `origin` (the
 /// queue's, so that a run replays exactly): a power of two of
-/// milliseconds, at most a twelfth of the time until `at`, 1 to 32 ms.
+/// milliseconds, at most a twelfth of the time until `at`, 1 to 32 ms;
+/// `at` itself when it is less than 12 ms away.
 /// Checks due within one grid step come due together, so the watchdog
 /// wakes once for them (about 32 times a second for leases renewed every
 /// 400 ms or more), not once for each; each is at most a twelfth of its
@@ -105,7 +107,9 @@ impl Queue {
 /// the CPU again at 10,000 held but kept more memory in each burst.
 pub(super) fn coalesced(at: Instant, now: Instant, origin: Instant) -> Instant {
     let twelfth = at.saturating_duration_since(now).as_millis() / 12;
-    let Ok(step) = u64::try_from(twelfth.clamp(1, 32)) else {
+    // Due within 12 ms: kept (a lease's last check, at its deadline, may
+    // be one, and it must not come before the deadline).
+    let Ok(step @ 1..) = u64::try_from(twelfth.min(32)) else {
         return at;
     };
     // The largest power of two not above `step`.
