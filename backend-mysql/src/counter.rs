@@ -13,7 +13,6 @@
 //! advances it on its own, committed, as readers and permits always do:
 //! tokens go on rising from every committed one.
 
-use std::fmt::Write as _;
 use std::time::Instant;
 
 use lockcore::raw::prelude::*;
@@ -23,7 +22,7 @@ use crate::config::NAME;
 use crate::conn::Shared;
 use crate::core::MysqlBackend;
 use crate::error::map_err;
-use crate::sql::CLOCK_US;
+use crate::sql::{hex, CLOCK_US};
 
 impl MysqlBackend {
     /// Advances the name's fencing counter in its own autocommit statement
@@ -70,8 +69,8 @@ impl MysqlBackend {
     ) -> String {
         let (table, fence) = (&self.shared.cfg.table, self.shared.cfg.fence_table());
         // Bytes as hex literals: safe in the text, compared byte for byte.
-        let row = hex(row);
-        let owner = hex(owner);
+        let row = format!("X'{}'", hex(row.as_bytes()));
+        let owner = format!("X'{}'", hex(owner.as_bytes()));
         let lock = lock.replacen('?', &row, 1);
         format!(
             "{lock}; UPDATE `{fence}` SET `fence` = LAST_INSERT_ID({CLOCK_US}), `holder_conn` = {conn_id}, `owner` = {owner} \
@@ -228,15 +227,4 @@ pub(crate) enum Autocommit<'a> {
     },
     /// Delete `owner`'s record of `name`.
     DelayClear { name: &'a str, owner: &'a str },
-}
-
-/// `bytes` as a hex literal, `X'...'`: only hex digits in the text.
-pub(crate) fn hex(bytes: &str) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2 + 3);
-    out.push_str("X'");
-    for b in bytes.bytes() {
-        let _ = write!(out, "{b:02X}");
-    }
-    out.push('\'');
-    out
 }

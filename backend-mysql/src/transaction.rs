@@ -12,7 +12,7 @@ use crate::config::NAME;
 use crate::conn::{Holding, LockConn};
 use crate::core::MysqlBackend;
 use crate::error::{code, db_number, map_err};
-use crate::sql::FOREVER_CHUNK_SECS;
+use crate::sql::{hex, FOREVER_CHUNK_SECS};
 
 /// How long a try looks again at a row another client is creating (2 ms
 /// apart) before it takes the refusal as a holder's (a plain SQL session
@@ -152,7 +152,7 @@ impl MysqlBackend {
         let sh = &self.shared;
         let what = "starting the lock transaction again";
         // The name as a hex literal: bytes only, so safe in the text.
-        let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+        let hex = hex(name.as_bytes());
         let sql = format!(
             "ROLLBACK; START TRANSACTION; SELECT 1 FROM `{}` WHERE `name` = X'{hex}'",
             sh.cfg.table
