@@ -25,6 +25,14 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+/// `EVALSHA <script's hash> <keys>`, for its keys and arguments to be
+/// added (keys first): one buffer for them all, not one per argument.
+pub(crate) fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
+    let mut call = redis::cmd("EVALSHA");
+    call.arg(script.get_hash()).arg(keys);
+    call
+}
+
 impl Conn {
     /// Runs `script` (EVALSHA, loading it on NOSCRIPT).
     pub(crate) async fn script<T: FromRedisValue>(
@@ -33,30 +41,39 @@ impl Conn {
         keys: &[&str],
         args: &[&str],
     ) -> RedisResult<T> {
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(*k);
-        }
-        for a in args {
-            inv.arg(*a);
-        }
-        self.invoke(&inv).await
+        let mut call = evalsha(script, keys.len());
+        call.arg(keys).arg(args);
+        self.eval(script, &call).await
     }
 
-    /// Runs a prepared script call (EVALSHA, loading it on NOSCRIPT).
-    pub(crate) async fn invoke<T: FromRedisValue>(
+    /// Runs `call`, an [`evalsha`] of `script` with its keys and arguments,
+    /// loading the script on NOSCRIPT and running it once more.
+    pub(crate) async fn eval<T: FromRedisValue>(
         &self,
-        inv: &redis::ScriptInvocation<'_>,
+        script: &Script,
+        call: &redis::Cmd,
     ) -> RedisResult<T> {
-        match self {
+        match self.cmd(call).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load(script).await?;
+                self.cmd(call).await
+            }
+            r => r,
+        }
+    }
+
+    /// Loads `script` (on a cluster: on every master).
+    async fn load(&self, script: &Script) -> RedisResult<()> {
+        let _: String = match self {
             Conn::Single(m) => {
                 let (gen, mut c) = m.get();
-                let r = inv.invoke_async(&mut c).await;
+                let r = script.load_async(&mut c).await;
                 m.after(gen, &r);
-                r
+                r?
             }
-            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
-        }
+            Conn::Cluster(c) => script.load_async(&mut c.clone()).await?,
+        };
+        Ok(())
     }
 
     /// Runs `script` and, in the same pipeline on the same connection,
@@ -77,11 +94,8 @@ impl Conn {
         let timeout_ms = u64::try_from(sync.timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let mut eval = redis::cmd("EVALSHA");
-        eval.arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
+        let mut eval = evalsha(script, keys.len());
+        eval.arg(keys).arg(args);
         let mut pipe = redis::pipe();
         pipe.add_command(eval)
             .cmd("WAIT")
@@ -89,16 +103,7 @@ impl Conn {
             .arg(timeout_ms);
         match self.pipeline::<(T, u32)>(&pipe).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                // Load it (on a cluster: on every master), then once more.
-                let _: String = match self {
-                    Conn::Single(m) => {
-                        let (gen, mut c) = m.get();
-                        let r = script.load_async(&mut c).await;
-                        m.after(gen, &r);
-                        r?
-                    }
-                    Conn::Cluster(c) => script.load_async(&mut c.clone()).await?,
-                };
+                self.load(script).await?;
                 self.pipeline::<(T, u32)>(&pipe).await
             }
             r => r,

@@ -26,7 +26,7 @@ use redis::RedisResult;
 use tokio::sync::oneshot;
 
 use crate::config::NAME;
-use crate::conn::Conn;
+use crate::conn::{evalsha, Conn};
 use crate::managed::Managed;
 use crate::scripts::RENEW_MANY;
 
@@ -184,14 +184,14 @@ async fn renew_batch(conn: &Conn, batch: Vec<Renew>, one_each: &AtomicBool) {
 /// One [`RENEW_MANY`] call for `batch`; answers each renewal, or gives the
 /// batch back when the server refused its keys of several slots.
 async fn renew_call(conn: &Conn, batch: Vec<Renew>) -> Option<Vec<Renew>> {
-    let mut call = RENEW_MANY.prepare_invoke();
+    let mut call = evalsha(&RENEW_MANY, batch.len());
     for r in &batch {
-        call.key(r.lease.key.as_str());
+        call.arg(r.lease.key.as_str());
     }
     for r in &batch {
         call.arg(r.lease.token.as_str()).arg(r.ttl_ms);
     }
-    let result: RedisResult<Vec<i64>> = conn.invoke(&call).await;
+    let result: RedisResult<Vec<i64>> = conn.eval(&RENEW_MANY, &call).await;
     match result {
         Ok(answers) if answers.len() == batch.len() => {
             for (r, n) in batch.into_iter().zip(answers) {

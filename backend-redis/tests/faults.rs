@@ -868,6 +868,48 @@ async fn failed_multi_script_leaves_no_key(ctx: Ctx) {
     );
 }
 
+/// Renewals go to the server many to a script call: when the server has
+/// forgotten the script (`SCRIPT FLUSH`, or a restart), the call loads it
+/// again and the lease stays held, as seen on the server for three ttls.
+async fn batched_renewals_load_their_script_again(ctx: Ctx) {
+    let (l, other) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("renew-flushed");
+    let key = lockcore_redis::lock_key("lock:", &name);
+    let ttl = Duration::from_secs(1);
+    let g = l
+        .acquire(&name, &LockOptions::new().ttl(ttl).wait(Wait::Try))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let mut c = admin(&ctx.config).await;
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .expect("SCRIPT FLUSH");
+    // Time is the subject: without a renewal the key is gone after one ttl.
+    let flushed = Instant::now();
+    while flushed.elapsed() < 3 * ttl {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .expect("EXISTS");
+        assert_eq!(
+            exists,
+            1,
+            "the lease's key went away {:?} after SCRIPT FLUSH",
+            flushed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        other.try_lock(&name).await.expect("try").is_none(),
+        "another client took the name"
+    );
+    g.release().await.expect("release");
+}
+
 fn connect(url: String) -> ConnectFuture {
     Box::pin(async move { lockcore_redis::connect(&url).await })
 }
@@ -922,6 +964,7 @@ fn main() -> std::process::ExitCode {
             failed_multi_script_leaves_no_key,
             leader_term_outlives_the_counter,
             fence_counters_expire,
+            batched_renewals_load_their_script_again,
         ),
     ])
 }

@@ -217,7 +217,8 @@ async fn run<T, C, Fut>(
             return;
         };
         let most = most.load(Ordering::Relaxed).max(1);
-        let mut batch = vec![first];
+        let mut batch = Vec::with_capacity(most.min(1024));
+        batch.push(first);
         take_queued(&mut rx, &mut batch, most);
         if batch.len() < most {
             // Not full: let the requests asked just after join.
