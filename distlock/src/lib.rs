@@ -36,6 +36,9 @@
 
 pub use lockcore::*;
 
+#[cfg(feature = "blocking")]
+pub mod blocking;
+
 use std::future::Future;
 use std::pin::Pin;
 
