@@ -1,6 +1,9 @@
 //! The one error type every backend returns, and the kinds callers match on.
 
 use std::fmt;
+use std::time::Duration;
+
+use crate::info::HolderInfo;
 
 /// A boxed error from a backend's native client, kept as [`std::error::Error::source`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -76,14 +79,40 @@ impl fmt::Display for ErrorKind {
 /// assert!(err.to_string().contains("jobs/nightly"));
 /// ```
 #[derive(thiserror::Error)]
-#[error("{backend}: {kind}{}: {message}", fmt_name(.name))]
+#[error("{backend}: {kind}{}{}: {message}{}", fmt_name(.name), fmt_op(.operation), fmt_holder(.holder.as_deref()))]
 pub struct Error {
     kind: ErrorKind,
     backend: &'static str,
     name: Option<String>,
+    operation: Option<&'static str>,
     message: String,
+    holder: Option<Box<HolderInfo>>,
     #[source]
     source: Option<BoxError>,
+}
+
+fn fmt_op(op: &Option<&'static str>) -> String {
+    match op {
+        Some(op) => format!(" in {op}"),
+        None => String::new(),
+    }
+}
+
+fn fmt_holder(holder: Option<&HolderInfo>) -> String {
+    let Some(h) = holder else {
+        return String::new();
+    };
+    let mut out = String::from(" (held by ");
+    out.push_str(h.owner.as_deref().unwrap_or("an owner it does not name"));
+    if let Some(f) = h.fence {
+        out.push_str(&format!(", fencing token {f}"));
+    }
+    if let Some(since) = h.since.and_then(|t| t.elapsed().ok()) {
+        let ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
+        out.push_str(&format!(", for {:?}", Duration::from_millis(ms)));
+    }
+    out.push(')');
+    out
 }
 
 fn fmt_name(name: &Option<String>) -> String {
@@ -99,7 +128,9 @@ impl fmt::Debug for Error {
         d.field("kind", &self.kind)
             .field("backend", &self.backend)
             .field("name", &self.name)
-            .field("message", &self.message);
+            .field("operation", &self.operation)
+            .field("message", &self.message)
+            .field("holder", &self.holder);
         if let Some(s) = &self.source {
             d.field("source", &format_args!("{s}"));
         }
@@ -114,7 +145,9 @@ impl Error {
             kind,
             backend,
             name: None,
+            operation: None,
             message: message.into(),
+            holder: None,
             source: None,
         }
     }
@@ -135,6 +168,48 @@ impl Error {
             self.name = Some(name.to_owned());
         }
         self
+    }
+
+    /// Names the operation (`"acquire"`, `"release"`, ...), unless one is
+    /// named already. The `Locker` and the guards name theirs this way.
+    #[must_use]
+    pub fn or_operation(mut self, operation: &'static str) -> Self {
+        if self.operation.is_none() {
+            self.operation = Some(operation);
+        }
+        self
+    }
+
+    /// The operation that failed, where it was named.
+    pub fn operation(&self) -> Option<&'static str> {
+        self.operation
+    }
+
+    /// Attaches who held the name (to a timeout or a contention).
+    #[must_use]
+    pub fn with_holder(mut self, holder: HolderInfo) -> Self {
+        self.holder = Some(Box::new(holder));
+        self
+    }
+
+    /// Who held the name when an acquisition timed out
+    /// ([`ErrorKind::Timeout`]), as the backend told right after, where it
+    /// can tell (see [`Locker::inspect`](crate::Locker::inspect)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockcore::Result<()> {
+    /// let locker = lockcore::Locker::memory();
+    /// let held = locker.lock("reports").await?;
+    /// let err = locker.lock_timeout("reports", Duration::from_millis(50)).await.unwrap_err();
+    /// let holder = err.holder().expect("the memory backend tells");
+    /// assert_eq!(holder.fence, held.fence());
+    /// # Ok(()) }
+    /// ```
+    pub fn holder(&self) -> Option<&HolderInfo> {
+        self.holder.as_deref()
     }
 
     /// Attaches the backend's native error.

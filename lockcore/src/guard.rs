@@ -217,11 +217,12 @@ impl LockGuard {
                 self.held.backend,
                 format!("ttl {ttl:?} is out of range: it must be from {MIN_TTL:?} to {MAX_TTL:?}"),
             )
-            .with_name(self.held.name.clone()));
+            .with_name(self.held.name.clone())
+            .or_operation("extend"));
         }
         let renewed = self.held.renew_now(Some(ttl)).await;
         self.held.rescheduled();
-        renewed
+        renewed.map_err(|e| e.or_operation("extend"))
     }
 
     /// Releases this hold; the lease itself is released on the server when
@@ -249,7 +250,10 @@ impl LockGuard {
             return if self.held.is_held() {
                 Ok(())
             } else {
-                Err(self.held.lost_error("released a hold on a lost lease"))
+                Err(self
+                    .held
+                    .lost_error("released a hold on a lost lease")
+                    .or_operation("release"))
             };
         }
         let held = self.held.clone();
@@ -257,7 +261,7 @@ impl LockGuard {
         let mut finish = ReleaseOnDrop(Some(held.clone()));
         let res = held.release_lease().await;
         finish.0 = None;
-        res
+        res.map_err(|e| e.or_operation("release"))
     }
 
     /// Stops renewing and leaves the lease on the server to end by its ttl,

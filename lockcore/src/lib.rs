@@ -48,6 +48,7 @@
 
 pub mod capabilities;
 pub mod cleanup;
+mod contended;
 pub mod error;
 pub mod fencing;
 mod guard;
@@ -64,6 +65,7 @@ pub mod raw;
 pub mod testing;
 
 pub use capabilities::{Capabilities, Fencing, Layout, LeaseKind, LockDelay};
+pub use contended::{Attempt, HOLDER_LOOKUP};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::LockGuard;
 pub use holdings::{HeldNames, Holdings, PermitHolder, WriterHolder};

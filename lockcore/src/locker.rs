@@ -266,6 +266,20 @@ impl Locker {
         mode: Mode,
         owner: OwnerToken,
     ) -> Result<Option<LockGuard>> {
+        self.acquire_owned(name, opts, value, mode, owner)
+            .await
+            .map_err(|e| e.or_operation("acquire"))
+    }
+
+    /// [`acquire_as`](Locker::acquire_as), its errors not yet named.
+    async fn acquire_owned(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        value: Option<&str>,
+        mode: Mode,
+        owner: OwnerToken,
+    ) -> Result<Option<LockGuard>> {
         let backend = self.backend.name();
         validate_name(backend, name)?;
         opts.validate(backend)?;
@@ -329,7 +343,16 @@ impl Locker {
         let Some(grant) = grant else {
             return match wait {
                 Wait::Try => Ok(None),
-                Wait::For(d) => Err(timed_out(d)),
+                Wait::For(d) => {
+                    let mut e = timed_out(d);
+                    // Who holds it, for an exclusive lock, where the backend tells.
+                    if matches!(mode, Mode::Exclusive) {
+                        if let Some(h) = self.holder_of(name).await {
+                            e = e.with_holder(h);
+                        }
+                    }
+                    Err(e)
+                }
                 Wait::Forever => Err(Error::backend_error(
                     backend,
                     "the backend gave up waiting forever without an error",
@@ -414,10 +437,10 @@ impl Locker {
     ///
     /// Cancel safe: it only reads.
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(self.backend.name(), name)?;
+        validate_name(self.backend.name(), name).map_err(|e| e.or_operation("inspect"))?;
         self.backend
             .inspect(name)
             .await
-            .map_err(|e| e.or_name(name))
+            .map_err(|e| e.or_name(name).or_operation("inspect"))
     }
 }

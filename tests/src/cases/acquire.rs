@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lockcore::{ErrorKind, Wait, DEFAULT_TTL};
+use lockcore::{Attempt, ErrorKind, Wait, DEFAULT_TTL};
 
 use super::{must_be_held, must_try, opts, until_waiters, SLACK, TRY_BOUND};
 use crate::{Ctx, Dir, Proxies};
@@ -109,6 +109,53 @@ pub async fn wait_with_timeout_ends_near_deadline(ctx: Ctx) {
     );
     must_be_held(&b, &name).await;
     g.release().await.expect("release");
+}
+
+/// A timed-out acquisition's error names the operation and the lock, and
+/// (where the backend can inspect) the holder as the server tells it: its
+/// owner and fencing token, as `inspect` shows them; a try that asks
+/// (`try_lock_or_holder`) names it too, and takes a free name.
+pub async fn contention_names_the_holder(ctx: Ctx) {
+    let (a, b) = (ctx.locker().await, ctx.locker().await);
+    let name = ctx.name("holder");
+    let g = must_try(&a, &name).await;
+    let err = b
+        .lock_timeout(&name, Duration::from_millis(100))
+        .await
+        .expect_err("must time out while held");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert_eq!(err.operation(), Some("acquire"), "{err}");
+    assert!(err.to_string().contains(&name), "{err}");
+    let seen = match b.try_lock_or_holder(&name).await.expect("try") {
+        Attempt::Acquired(_) => panic!("took a held name"),
+        Attempt::Held(h) => h,
+    };
+    if ctx.caps.inspect {
+        let want = b
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("the backend declares inspection")
+            .holder
+            .expect("inspect shows the holder of a held name");
+        let told = err.holder().expect("a timeout names the holder");
+        assert_eq!(told.owner, want.owner, "{err}");
+        assert_eq!(told.fence, want.fence, "{err}");
+        if ctx.caps.has_fencing() {
+            assert_eq!(told.fence, g.fence(), "{err}");
+        }
+        assert!(err.to_string().contains("held by"), "{err}");
+        let seen = seen.expect("a try names the holder");
+        assert_eq!((seen.owner, seen.fence), (want.owner, want.fence));
+    } else {
+        assert!(err.holder().is_none(), "{err}");
+        assert!(seen.is_none(), "{seen:?}");
+    }
+    g.release().await.expect("release");
+    match b.try_lock_or_holder(&name).await.expect("try") {
+        Attempt::Acquired(g) => g.release().await.expect("release"),
+        Attempt::Held(h) => panic!("a released name is held by {h:?}"),
+    }
 }
 
 /// A release wakes a waiter in a few round trips, not after a long poll.

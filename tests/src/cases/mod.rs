@@ -108,6 +108,7 @@ pub fn cases() -> Vec<Case> {
             .then_some("the backend cannot inspect")),
         case!(acquire::try_on_held_name_is_not_acquired),
         case!(acquire::wait_with_timeout_ends_near_deadline),
+        case!(acquire::contention_names_the_holder),
         case!(acquire::release_wakes_waiter_quickly),
         case!(acquire::release_between_look_and_watch_wakes, unless_proxy),
         case!(acquire::fair_waiters_in_arrival_order, |c| (!(c.caps.fair
