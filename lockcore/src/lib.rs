@@ -59,6 +59,7 @@ pub mod memory;
 pub mod migrate;
 mod multi;
 pub mod name;
+pub mod observe;
 pub mod options;
 mod primitives;
 pub mod raw;

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::{Capabilities, Layout};
@@ -12,6 +13,7 @@ use crate::guard::LockGuard;
 use crate::info::LockInfo;
 use crate::memory::MemoryBackend;
 use crate::name::validate_name;
+use crate::observe::{self, Labels};
 use crate::options::{LockOptions, Wait};
 use crate::raw::held::Held;
 use crate::raw::watchdog::Watchdog;
@@ -266,9 +268,8 @@ impl Locker {
         mode: Mode,
         owner: OwnerToken,
     ) -> Result<Option<LockGuard>> {
-        self.acquire_owned(name, opts, value, mode, owner)
-            .await
-            .map_err(|e| e.or_operation("acquire"))
+        let acquiring = self.acquire_owned(name, opts, value, mode, owner);
+        observe::acquisition(self.backend.name(), name, mode, owner, opts, acquiring).await
     }
 
     /// [`acquire_as`](Locker::acquire_as), its errors not yet named.
@@ -324,7 +325,9 @@ impl Locker {
             value,
             mode,
         };
-        let attempt = self.backend.acquire(req);
+        let (at, call) = (Labels::of(backend, name, opts), crate::raw::now());
+        let attempt =
+            { self.backend.acquire(req) }.inspect(|_| observe::server_call(at, "acquire", call));
         let grant = match deadline.instant() {
             Some(at) => tokio::time::timeout_at((at + DEADLINE_GRACE).into(), attempt)
                 .await
@@ -437,10 +440,11 @@ impl Locker {
     ///
     /// Cancel safe: it only reads.
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>> {
-        validate_name(self.backend.name(), name).map_err(|e| e.or_operation("inspect"))?;
-        self.backend
-            .inspect(name)
-            .await
-            .map_err(|e| e.or_name(name).or_operation("inspect"))
+        let backend = self.backend.name();
+        validate_name(backend, name).map_err(|e| e.or_operation("inspect"))?;
+        let (at, call) = (Labels::of(backend, name, &self.defaults), crate::raw::now());
+        let info = self.backend.inspect(name).await;
+        observe::server_call(at, "inspect", call);
+        info.map_err(|e| e.or_name(name).or_operation("inspect"))
     }
 }

@@ -41,6 +41,7 @@ pub struct LockOptions {
     wait: Wait,
     renew: bool,
     lock_delay: Duration,
+    metrics_name: bool,
 }
 
 impl Default for LockOptions {
@@ -57,6 +58,7 @@ impl LockOptions {
             wait: Wait::Forever,
             renew: true,
             lock_delay: Duration::ZERO,
+            metrics_name: false,
         }
     }
 
@@ -101,6 +103,20 @@ impl LockOptions {
     pub const fn lock_delay(mut self, delay: Duration) -> Self {
         self.lock_delay = delay;
         self
+    }
+
+    /// Whether the lock's name is a label (`name`) of its metrics (off by
+    /// default: names are unbounded, and so would be the series; see
+    /// [`observe`](crate::observe)). Set it on a
+    /// [`Locker`](crate::Locker)'s defaults for all its locks.
+    pub const fn metrics_name(mut self, on: bool) -> Self {
+        self.metrics_name = on;
+        self
+    }
+
+    /// Whether the lock's name is a label of its metrics.
+    pub const fn get_metrics_name(&self) -> bool {
+        self.metrics_name
     }
 
     /// The lock-delay (zero: none).

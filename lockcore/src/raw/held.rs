@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::observe;
 use crate::options::LockOptions;
 use crate::raw::retry::Backoff;
 use crate::raw::sync::lock;
@@ -50,6 +52,12 @@ pub(crate) struct Held {
     pub(crate) abandoned: AtomicBool,
     lost_reason: OnceLock<&'static str>,
     lost_at: OnceLock<Instant>,
+    /// When it was granted, for the hold's metric.
+    started: Instant,
+    /// The name is a label of its metrics.
+    name_label: bool,
+    /// Its end (release, loss, abandon) was counted.
+    ended: AtomicBool,
 }
 
 impl fmt::Debug for Held {
@@ -106,7 +114,11 @@ impl Held {
             abandoned: AtomicBool::new(false),
             lost_reason: OnceLock::new(),
             lost_at: OnceLock::new(),
+            started: crate::raw::now(),
+            name_label: opts.get_metrics_name(),
+            ended: AtomicBool::new(false),
         });
+        observe::gauge(observe::LEASES_HELD, held.labels(), 1.0);
         let first = if renew {
             (crate::raw::now() + renew_interval(ttl)).min(held.valid_until())
         } else {
@@ -219,8 +231,10 @@ impl Held {
         let _ = self.lost_at.set(crate::raw::now().min(self.valid_until()));
         if self.lost_reason.set(reason).is_ok() && !self.released.load(Ordering::Relaxed) {
             tracing::warn!(backend = self.backend, name = %self.name, fence = ?self.fence, reason, "lock lease lost");
+            observe::count(observe::LEASES_LOST, self.labels(), &[("reason", reason)]);
         }
         self.lost.cancel();
+        self.ended();
     }
 
     /// Drops one hold; true when it was the last one (the lease must go).
@@ -254,6 +268,12 @@ impl Held {
     /// release could take the lease back on the server (RedLock retakes a
     /// key an instance lost).
     pub(crate) async fn release_lease(&self) -> Result<()> {
+        let span = tracing::info_span!("lockcore.release", backend = self.backend, name = %self.name, fence = ?self.fence);
+        self.release_now().instrument(span).await
+    }
+
+    /// [`release_lease`](Held::release_lease), in its span.
+    async fn release_now(&self) -> Result<()> {
         self.stop_watchdog();
         if self.abandoned.load(Ordering::Acquire) {
             // Left to end by its ttl, session or connection.
@@ -261,8 +281,12 @@ impl Held {
         }
         let was_lost = !self.is_held();
         self.released.store(true, Ordering::Release);
+        self.ended();
         let _turn = self.renewing.lock().await;
-        match self.lease.release().await {
+        let sent = crate::raw::now();
+        let released = self.lease.release().await;
+        observe::server_call(self.labels(), "release", sent);
+        match released {
             Ok(Released::Released) if !was_lost => Ok(()),
             Ok(Released::Released) => Err(self.lost_error(
                 "released, but the lease had been lost before (the server still had it)",
@@ -309,6 +333,7 @@ impl Held {
         let sent = crate::raw::now();
         let outcome =
             tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl + self.delay)).await;
+        self.renewed(sent, &outcome);
         if !matches!(outcome, Ok(Ok(_))) {
             // The request may have applied: a shorter ttl may then have
             // shortened the lease on the server. Count it valid no longer
@@ -408,5 +433,6 @@ impl Watched for Held {
     }
 }
 
+mod observed;
 #[cfg(test)]
 mod tests;

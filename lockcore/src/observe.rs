@@ -1,0 +1,189 @@
+//! What an operator graphs: the metrics every lock operation emits through
+//! the [`metrics`](https://docs.rs/metrics) facade, behind the `metrics`
+//! cargo feature, so that any exporter (Prometheus, StatsD,
+//! OpenTelemetry) installed by the application collects them. Without the
+//! feature, or without an installed recorder, nothing is recorded.
+//!
+//! Every metric has the label `backend`; the lock's name is a label
+//! (`name`) only when asked, with [`LockOptions::metrics_name`] (on a
+//! [`Locker`](crate::Locker)'s defaults for all its locks): names are
+//! unbounded, and so would be the series.
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | [`ACQUISITIONS`] | counter | `primitive`, `result` (`granted`, `contended`, `timed_out`, `error`), `kind` (for an error) | acquisitions by outcome |
+//! | [`ACQUIRE_WAIT`] | histogram | `primitive`, `result` | seconds from asking to the outcome |
+//! | [`LEASES_HELD`] | gauge | | leases held now (granted, not yet released, lost or abandoned) |
+//! | [`HOLD`] | histogram | | seconds a lease was held, at its release, loss or abandon |
+//! | [`RENEWALS`] | counter | `result` (`ok`, `error`), `kind` | renewals |
+//! | [`LEASES_LOST`] | counter | `reason` | leases lost, by reason (a fixed set of texts) |
+//! | [`SERVER_CALL`] | histogram | `operation` (`acquire`, `renew`, `release`, `inspect`) | seconds of each call to the backend (an acquisition's includes its wait) |
+//!
+//! Spans and events go through `tracing` whatever the feature: an
+//! acquisition is the span `lockcore.acquire` (fields `backend`, `name`,
+//! `primitive`, `owner`, and `fence` and `result` once known), a release
+//! the span `lockcore.release` (`backend`, `name`, `fence`); a renewal is
+//! a `DEBUG` event, a loss a `WARN` event, each with `backend`, `name`
+//! and `fence`. Inside an application's request span, a lock wait shows
+//! as a child span of the request in a trace.
+//!
+//! [`LockOptions::metrics_name`]: crate::LockOptions::metrics_name
+
+use std::future::Future;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::error::{ErrorKind, Result};
+use crate::guard::LockGuard;
+use crate::options::LockOptions;
+use crate::raw::{Mode, OwnerToken};
+
+/// Acquisitions by outcome (counter).
+pub const ACQUISITIONS: &str = "lockcore_acquisitions_total";
+/// Seconds from asking for a lock to the outcome (histogram).
+pub const ACQUIRE_WAIT: &str = "lockcore_acquire_wait_seconds";
+/// Leases held now (gauge).
+pub const LEASES_HELD: &str = "lockcore_leases_held";
+/// Seconds a lease was held, recorded when it ends (histogram).
+pub const HOLD: &str = "lockcore_hold_seconds";
+/// Renewals by outcome (counter).
+pub const RENEWALS: &str = "lockcore_renewals_total";
+/// Leases lost, by reason (counter).
+pub const LEASES_LOST: &str = "lockcore_leases_lost_total";
+/// Seconds of each call to the backend, by operation (histogram).
+pub const SERVER_CALL: &str = "lockcore_server_call_seconds";
+
+/// The `primitive` label of an acquisition's mode.
+pub(crate) fn primitive(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exclusive => "lock",
+        Mode::Read => "read",
+        Mode::Write => "write",
+        Mode::Permit { .. } => "permit",
+    }
+}
+
+/// The `kind` label of an error kind.
+pub(crate) fn kind(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Timeout => "timeout",
+        ErrorKind::Lost => "lost",
+        ErrorKind::InvalidName => "invalid_name",
+        ErrorKind::InvalidConfig => "invalid_config",
+        ErrorKind::Unauthorized => "unauthorized",
+        ErrorKind::Unavailable => "unavailable",
+        ErrorKind::Indeterminate => "indeterminate",
+        ErrorKind::Backend => "backend",
+    }
+}
+
+/// Runs `acquiring`, the acquisition of `name` by `owner`, in its span,
+/// and counts its outcome and wait.
+///
+/// # Cancel safety
+///
+/// As `acquiring`'s (a dropped acquisition is not counted).
+pub(crate) async fn acquisition(
+    backend: &'static str,
+    name: &str,
+    mode: Mode,
+    owner: OwnerToken,
+    opts: &LockOptions,
+    acquiring: impl Future<Output = Result<Option<LockGuard>>>,
+) -> Result<Option<LockGuard>> {
+    let span = tracing::info_span!("lockcore.acquire", backend, name, primitive = primitive(mode), owner = %owner, fence = tracing::field::Empty, result = tracing::field::Empty);
+    let began = crate::raw::now();
+    let got = acquiring
+        .instrument(span.clone())
+        .await
+        .map_err(|e| e.or_operation("acquire"));
+    let result = match &got {
+        Ok(Some(g)) => {
+            span.record("fence", g.fence());
+            "granted"
+        }
+        Ok(None) => "contended",
+        Err(e) if e.kind() == ErrorKind::Timeout => "timed_out",
+        Err(_) => "error",
+    };
+    span.record("result", result);
+    let at = Labels::of(backend, name, opts);
+    let labels = [("primitive", primitive(mode)), ("result", result)];
+    seconds(ACQUIRE_WAIT, at, &labels, began.elapsed());
+    match &got {
+        Err(e) if result == "error" => {
+            let labels = [labels[0], labels[1], ("kind", kind(e.kind()))];
+            count(ACQUISITIONS, at, &labels);
+        }
+        _ => count(ACQUISITIONS, at, &labels),
+    }
+    got
+}
+
+/// Where a metric goes: its backend, and the lock's name when asked for.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct Labels<'a> {
+    pub(crate) backend: &'static str,
+    pub(crate) name: Option<&'a str>,
+}
+
+#[cfg(feature = "metrics")]
+mod emit {
+    use metrics::Label;
+
+    use super::Labels;
+
+    /// The labels of `at` and `more`.
+    pub(super) fn labels(at: Labels<'_>, more: &[(&'static str, &'static str)]) -> Vec<Label> {
+        let mut out = Vec::with_capacity(2 + more.len());
+        out.push(Label::from_static_parts("backend", at.backend));
+        if let Some(n) = at.name {
+            out.push(Label::new("name", n.to_owned()));
+        }
+        out.extend(more.iter().map(|(k, v)| Label::from_static_parts(k, v)));
+        out
+    }
+}
+
+impl<'a> Labels<'a> {
+    /// The labels of `name` on `backend`, taken with `opts`.
+    pub(crate) fn of(backend: &'static str, name: &'a str, opts: &LockOptions) -> Self {
+        Labels {
+            backend,
+            name: opts.get_metrics_name().then_some(name),
+        }
+    }
+}
+
+/// Records a call to the backend for `operation`, sent at `sent`.
+pub(crate) fn server_call(at: Labels<'_>, operation: &'static str, sent: std::time::Instant) {
+    seconds(SERVER_CALL, at, &[("operation", operation)], sent.elapsed());
+}
+
+/// Adds one to a counter.
+#[allow(unused_variables)]
+pub(crate) fn count(metric: &'static str, at: Labels<'_>, more: &[(&'static str, &'static str)]) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric, emit::labels(at, more)).increment(1);
+}
+
+/// Records seconds in a histogram.
+#[allow(unused_variables)]
+pub(crate) fn seconds(
+    metric: &'static str,
+    at: Labels<'_>,
+    more: &[(&'static str, &'static str)],
+    took: Duration,
+) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!(metric, emit::labels(at, more)).record(took.as_secs_f64());
+}
+
+/// Moves a gauge by `by`.
+#[allow(unused_variables)]
+pub(crate) fn gauge(metric: &'static str, at: Labels<'_>, by: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!(metric, emit::labels(at, &[])).increment(by);
+}

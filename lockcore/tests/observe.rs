@@ -1,0 +1,159 @@
+//! Metrics of lock operations on the memory backend, seen by a debugging
+//! recorder of the `metrics` facade (`spans.rs` has their spans).
+
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use lockcore::observe::{
+    ACQUIRE_WAIT, ACQUISITIONS, HOLD, LEASES_HELD, LEASES_LOST, RENEWALS, SERVER_CALL,
+};
+use lockcore::{LockOptions, Locker, Wait};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::MetricKind;
+
+/// The process's recorder (installed once: the tests of this file share
+/// it, and tell their metrics apart by the lock names they use).
+fn snapshotter() -> &'static Snapshotter {
+    static S: OnceLock<Snapshotter> = OnceLock::new();
+    S.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let s = recorder.snapshotter();
+        recorder.install().expect("the only recorder");
+        s
+    })
+}
+
+/// One metric's value by its name and labels (all of `labels`, no other).
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Count(u64),
+    Gauge(f64),
+    Samples(usize),
+}
+
+/// Every metric's value so far: a snapshot takes the values out of the
+/// recorder (counters and gauges back to zero, histograms emptied), so
+/// they are summed here.
+fn kept() -> &'static Mutex<HashMap<String, Seen>> {
+    static S: OnceLock<Mutex<HashMap<String, Seen>>> = OnceLock::new();
+    S.get_or_init(Mutex::default)
+}
+
+fn value(metric: &str, labels: &[(&str, &str)]) -> Option<Seen> {
+    let mut want: Vec<(&str, &str)> = labels.to_vec();
+    want.sort_unstable();
+    let mut kept = kept().lock().unwrap();
+    for (key, _, _, v) in snapshotter().snapshot().into_vec() {
+        let k = key.key();
+        let mut got: Vec<(&str, &str)> = k.labels().map(|l| (l.key(), l.value())).collect();
+        got.sort_unstable();
+        let id = format!("{} {got:?}", k.name());
+        let was = kept.get(&id).cloned();
+        let now = match (key.kind(), v, was) {
+            (MetricKind::Counter, DebugValue::Counter(n), Some(Seen::Count(m))) => {
+                Seen::Count(n + m)
+            }
+            (MetricKind::Counter, DebugValue::Counter(n), _) => Seen::Count(n),
+            (MetricKind::Gauge, DebugValue::Gauge(g), Some(Seen::Gauge(h))) => {
+                Seen::Gauge(g.into_inner() + h)
+            }
+            (MetricKind::Gauge, DebugValue::Gauge(g), _) => Seen::Gauge(g.into_inner()),
+            (_, DebugValue::Histogram(h), Some(Seen::Samples(m))) => Seen::Samples(h.len() + m),
+            (_, DebugValue::Histogram(h), _) => Seen::Samples(h.len()),
+            (_, other, _) => panic!("{metric}: {other:?}"),
+        };
+        kept.insert(id, now);
+    }
+    let mut id_want = want.clone();
+    id_want.sort_unstable();
+    kept.get(&format!("{metric} {id_want:?}")).cloned()
+}
+
+/// Waits (up to 10 s) for `metric` with `labels` to be `want`.
+async fn until(metric: &str, labels: &[(&str, &str)], want: Seen) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = value(metric, labels);
+        if got.as_ref() == Some(&want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{metric} {labels:?}: {got:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn acquisitions_holds_renewals_and_losses_are_counted() {
+    snapshotter();
+    let l = Locker::memory().with_defaults(LockOptions::new().metrics_name(true));
+    let n = "observe/counted";
+    let at = |more: &[(&'static str, &'static str)]| {
+        let mut v = vec![("backend", "memory"), ("name", n)];
+        v.extend_from_slice(more);
+        v
+    };
+    let granted = at(&[("primitive", "lock"), ("result", "granted")]);
+    let opts = LockOptions::new()
+        .metrics_name(true)
+        .ttl(Duration::from_secs(1))
+        .wait(Wait::Try);
+    let g = l.acquire(n, &opts).await.unwrap().expect("free");
+    assert_eq!(value(ACQUISITIONS, &granted), Some(Seen::Count(1)));
+    assert_eq!(value(ACQUIRE_WAIT, &granted), Some(Seen::Samples(1)));
+    assert_eq!(value(LEASES_HELD, &at(&[])), Some(Seen::Gauge(1.0)));
+    let call = at(&[("operation", "acquire")]);
+    assert_eq!(value(SERVER_CALL, &call), Some(Seen::Samples(1)));
+
+    assert!(l.try_lock(n).await.unwrap().is_none());
+    let contended = at(&[("primitive", "lock"), ("result", "contended")]);
+    assert_eq!(value(ACQUISITIONS, &contended), Some(Seen::Count(1)));
+    l.lock_timeout(n, Duration::from_millis(50))
+        .await
+        .unwrap_err();
+    let timed_out = at(&[("primitive", "lock"), ("result", "timed_out")]);
+    assert_eq!(value(ACQUISITIONS, &timed_out), Some(Seen::Count(1)));
+    let err = l.try_lock("").await.unwrap_err();
+    assert_eq!(err.kind(), lockcore::ErrorKind::InvalidName);
+
+    // A 1 s ttl is renewed every third of a second.
+    until(RENEWALS, &at(&[("result", "ok")]), Seen::Count(2)).await;
+    g.release().await.unwrap();
+    assert_eq!(value(LEASES_HELD, &at(&[])), Some(Seen::Gauge(0.0)));
+    assert_eq!(value(HOLD, &at(&[])), Some(Seen::Samples(1)));
+    let call = at(&[("operation", "release")]);
+    assert_eq!(value(SERVER_CALL, &call), Some(Seen::Samples(1)));
+
+    let lapsing = opts.renew(false);
+    let g = l.acquire(n, &lapsing).await.unwrap().expect("free");
+    g.lost().await;
+    let reason = g.lost_reason().expect("a reason");
+    until(LEASES_LOST, &at(&[("reason", reason)]), Seen::Count(1)).await;
+    assert_eq!(value(LEASES_HELD, &at(&[])), Some(Seen::Gauge(0.0)));
+    assert_eq!(value(HOLD, &at(&[])), Some(Seen::Samples(2)));
+    drop(g);
+}
+
+#[tokio::test]
+async fn names_are_labels_only_when_asked() {
+    snapshotter();
+    let l = Locker::memory();
+    let g = l.try_lock("observe/unnamed").await.unwrap().expect("free");
+    let found = snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .any(|(key, ..)| {
+            key.key()
+                .labels()
+                .any(|l| l.key() == "name" && l.value() == "observe/unnamed")
+        });
+    assert!(!found, "the name is a label without metrics_name");
+    g.release().await.unwrap();
+}
