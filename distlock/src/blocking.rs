@@ -36,7 +36,7 @@ use lockcore::cleanup;
 use tokio::runtime::{Handle, Runtime};
 
 use crate::raw::prelude::CancellationToken;
-use crate::{Error, ErrorKind, LockInfo, LockOptions, Result};
+use crate::{Error, ErrorKind, HolderInfo, LockInfo, LockOptions, Result};
 
 const BLOCKING: &str = "blocking";
 
@@ -189,6 +189,22 @@ impl Locker {
         Ok(g.map(|g| self.guard(g)))
     }
 
+    /// One attempt that, when `name` is held, says who holds it, as
+    /// [`Locker::try_lock_or_holder`](crate::Locker::try_lock_or_holder).
+    ///
+    /// # Errors
+    ///
+    /// As [`try_lock`](Self::try_lock).
+    pub fn try_lock_or_holder(&self, name: &str) -> Result<Attempt> {
+        let got = self
+            .rt
+            .run("try_lock_or_holder", self.inner.try_lock_or_holder(name))??;
+        Ok(match got {
+            crate::Attempt::Acquired(g) => Attempt::Acquired(self.guard(g)),
+            crate::Attempt::Held(h) => Attempt::Held(h),
+        })
+    }
+
     /// Waits up to `wait` for `name`, then fails with [`ErrorKind::Timeout`].
     ///
     /// # Errors
@@ -233,6 +249,17 @@ impl Locker {
             done: CancellationToken::new(),
         }
     }
+}
+
+/// The outcome of [`Locker::try_lock_or_holder`].
+#[derive(Debug)]
+#[must_use = "an acquired lock is released as soon as the guard is dropped"]
+pub enum Attempt {
+    /// The name was free: it is held now.
+    Acquired(LockGuard),
+    /// Another owner held it: its holder where the backend tells (see
+    /// [`crate::Attempt::Held`]).
+    Held(Option<HolderInfo>),
 }
 
 /// A held lock of a blocking [`Locker`]. Renewals run on the handle's

@@ -85,6 +85,12 @@ fn lock_excludes_and_release_frees() {
             "{}: inspect sees no holder",
             p.a.backend_name()
         );
+        match p.b.try_lock_or_holder(&name).expect("try") {
+            blocking::Attempt::Held(h) => {
+                assert_eq!(h.and_then(|h| h.fence), g.fence(), "{}", p.a.backend_name());
+            }
+            blocking::Attempt::Acquired(_) => panic!("{}: took a held name", p.a.backend_name()),
+        }
         g.release().expect("release");
         let again = p.b.try_lock(&name).expect("try");
         assert!(
