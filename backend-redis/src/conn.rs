@@ -62,7 +62,7 @@ impl Conn {
         }
     }
 
-    /// Loads `script` (on a cluster: on every master).
+    /// Loads `script` (on a cluster: on every node).
     async fn load(&self, script: &Script) -> RedisResult<()> {
         let _: String = match self {
             Conn::Single(m) => {

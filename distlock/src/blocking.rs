@@ -23,11 +23,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Calling it from inside a tokio runtime (a task, `block_on`, or
-//! `spawn_blocking`) fails with [`ErrorKind::InvalidConfig`] saying so:
-//! there, use [`connect`](crate::connect) and `.await`. Dropping a guard or
-//! a handle there does not fail: the guard is released in the background,
-//! as an async guard is.
+//! A call that would block, from inside a tokio runtime (a task,
+//! `block_on`, or `spawn_blocking`), fails with
+//! [`ErrorKind::InvalidConfig`] saying so: there, use
+//! [`connect`](crate::connect) and `.await`. What does not block works
+//! there: the guard's getters, [`LockGuard::on_lost`],
+//! [`LockGuard::abandon`], and [`LockGuard::wait_lost`] (which answers at
+//! once). Dropping a guard or a handle there does not fail: the guard is
+//! released in the background, as an async guard is, and the runtime
+//! ends in a thread of its own once those releases are done.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,19 +73,39 @@ impl Rt {
 
 impl Drop for Rt {
     fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            if Handle::try_current().is_err() {
-                // Background releases still running get their chance.
-                rt.block_on(cleanup::flush(FLUSH_AT_END));
-            }
+        let Some(rt) = self.0.take() else {
+            return;
+        };
+        // Background releases still running (a guard dropped inside a
+        // runtime just now, say) get their chance first.
+        let end = move || {
+            rt.block_on(cleanup::flush(FLUSH_AT_END));
             rt.shutdown_background();
+        };
+        match Handle::try_current() {
+            Err(e) if !e.is_thread_local_destroyed() => end(),
+            // Blocking is not allowed here (inside a runtime) or not
+            // possible (the thread is ending): a thread of its own ends it.
+            _ => {
+                let ending = std::thread::Builder::new()
+                    .name("distlock-blocking-end".into())
+                    .spawn(end);
+                if let Err(e) = ending {
+                    tracing::warn!(error = %e, "cannot end the blocking runtime in a thread; background releases are dropped");
+                }
+            }
         }
     }
 }
 
-/// Fails when the calling thread is inside a tokio runtime.
+/// Fails when the calling thread is inside a tokio runtime (or ending,
+/// its thread-locals gone: blocking there is not possible either).
 fn not_in_async(what: &str) -> Result<()> {
-    if Handle::try_current().is_ok() {
+    let inside = match Handle::try_current() {
+        Ok(_) => true,
+        Err(e) => e.is_thread_local_destroyed(),
+    };
+    if inside {
         return Err(Error::invalid_config(
             BLOCKING,
             format!(
@@ -330,8 +354,10 @@ impl LockGuard {
     }
 
     /// Calls `f` once, on a thread of the handle's runtime, if the lease
-    /// is lost while this guard lives (not after a release, an abandon or
-    /// a drop). Work guarded by the lock should stop when it is called.
+    /// is lost while this guard lives: not for a loss after a release, an
+    /// abandon or a drop (a loss just before a release may still be told
+    /// while the release runs). Work guarded by the lock should stop when
+    /// it is called.
     pub fn on_lost<F: FnOnce() + Send + 'static>(&self, f: F) {
         let (Some(lost), Some(handle)) = (
             self.inner.as_ref().map(crate::LockGuard::lost),
@@ -395,14 +421,18 @@ impl LockGuard {
     pub fn abandon(mut self) {
         self.done.cancel();
         if let Some(g) = self.inner.take() {
+            let ending = matches!(Handle::try_current(), Err(e) if e.is_thread_local_destroyed());
+            let _in = self.rt.handle().filter(|_| !ending).map(Handle::enter);
             g.abandon();
         }
     }
 
     /// Drops `g` with the handle's runtime entered, so that its release
-    /// runs there in the background.
+    /// runs there in the background (on a thread that is ending, where no
+    /// runtime can be entered, the lease ends by its ttl).
     fn drop_in_background(&self, g: crate::LockGuard) {
-        let _in = self.rt.handle().map(Handle::enter);
+        let ending = matches!(Handle::try_current(), Err(e) if e.is_thread_local_destroyed());
+        let _in = self.rt.handle().filter(|_| !ending).map(Handle::enter);
         drop(g);
     }
 }

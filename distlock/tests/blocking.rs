@@ -236,3 +236,26 @@ fn inside_a_runtime_it_refuses_clearly() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_guard_that_outlived_its_handle_dropped_in_a_runtime_is_released() {
+    let p = pairs().remove(0);
+    let name = p.name("last-inside");
+    let Pair { a, b, .. } = p;
+    // The guard holds the only reference to the handle's runtime.
+    let g = a.lock(&name).expect("lock");
+    drop(a);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async { drop(g) });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.try_lock(&name).expect("try").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "still held 10 s after the drop (the default ttl is longer)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::info::HolderInfo;
 use crate::locker::Locker;
@@ -67,6 +67,27 @@ impl Locker {
             Some(g) => Attempt::Acquired(g),
             None => Attempt::Held(self.holder_of(name).await),
         })
+    }
+
+    /// `got`, an exclusive acquisition of `name`, with its holder on a
+    /// timeout (what a caller of [`acquire`](Locker::acquire) gets; the
+    /// primitives built on it, which make their own errors, do not ask).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub(crate) async fn told_who_holds(
+        &self,
+        name: &str,
+        got: Result<Option<LockGuard>>,
+    ) -> Result<Option<LockGuard>> {
+        match got {
+            Err(e) if e.kind() == ErrorKind::Timeout => Err(match self.holder_of(name).await {
+                Some(h) => e.with_holder(h),
+                None => e,
+            }),
+            got => got,
+        }
     }
 
     /// The holder of `name`, where the backend tells within

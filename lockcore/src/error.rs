@@ -103,7 +103,10 @@ fn fmt_holder(holder: Option<&HolderInfo>) -> String {
         return String::new();
     };
     let mut out = String::from(" (held by ");
-    out.push_str(h.owner.as_deref().unwrap_or("an owner it does not name"));
+    match h.owner.as_deref() {
+        Some(owner) => out.push_str(&crate::observe::short_owner(owner)),
+        None => out.push_str("an owner it does not name"),
+    }
     if let Some(f) = h.fence {
         out.push_str(&format!(", fencing token {f}"));
     }
@@ -130,7 +133,15 @@ impl fmt::Debug for Error {
             .field("name", &self.name)
             .field("operation", &self.operation)
             .field("message", &self.message)
-            .field("holder", &self.holder);
+            // The holder's owner and token, not its value (another
+            // process's data).
+            .field(
+                "holder",
+                &self
+                    .holder
+                    .as_ref()
+                    .map(|h| (h.owner.as_deref().map(crate::observe::short_owner), h.fence)),
+            );
         if let Some(s) = &self.source {
             d.field("source", &format_args!("{s}"));
         }

@@ -190,7 +190,9 @@ impl Locker {
         self.acquire(name, &self.defaults.wait(Wait::Try)).await
     }
 
-    /// Waits up to `wait` for `name`, then fails with [`ErrorKind::Timeout`].
+    /// Waits up to `wait` for `name`, then fails with [`ErrorKind::Timeout`]
+    /// carrying the holder where the backend tells ([`Error::holder`],
+    /// asked within [`HOLDER_LOOKUP`](crate::HOLDER_LOOKUP) more).
     ///
     /// # Errors
     ///
@@ -232,7 +234,8 @@ impl Locker {
     /// Cancel safe: dropping the future at any point leaves nothing held or
     /// queued on the server after at most one cleanup round trip.
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        self.acquire_with(name, opts, None, Mode::Exclusive).await
+        let got = self.acquire_with(name, opts, None, Mode::Exclusive).await;
+        self.told_who_holds(name, got).await
     }
 
     /// [`acquire`](Locker::acquire), with a value stored beside the lease
@@ -346,16 +349,7 @@ impl Locker {
         let Some(grant) = grant else {
             return match wait {
                 Wait::Try => Ok(None),
-                Wait::For(d) => {
-                    let mut e = timed_out(d);
-                    // Who holds it, for an exclusive lock, where the backend tells.
-                    if matches!(mode, Mode::Exclusive) {
-                        if let Some(h) = self.holder_of(name).await {
-                            e = e.with_holder(h);
-                        }
-                    }
-                    Err(e)
-                }
+                Wait::For(d) => Err(timed_out(d)),
                 Wait::Forever => Err(Error::backend_error(
                     backend,
                     "the backend gave up waiting forever without an error",

@@ -170,7 +170,15 @@ impl Locker {
         }
         let mut guards = Vec::with_capacity(sorted.len());
         for name in sorted {
-            match self.acquire(name, &opts.left_since(began)).await {
+            match self
+                .acquire_with(
+                    name,
+                    &opts.left_since(began),
+                    None,
+                    crate::raw::Mode::Exclusive,
+                )
+                .await
+            {
                 Ok(Some(g)) => guards.push(g),
                 Ok(None) => {
                     release_all(guards).await;

@@ -21,7 +21,8 @@
 //!
 //! Spans and events go through `tracing` whatever the feature: an
 //! acquisition is the span `lockcore.acquire` (fields `backend`, `name`,
-//! `primitive`, `owner`, and `fence` and `result` once known), a release
+//! `primitive`, `owner` (its first 8 characters, see [`short_owner`]), and
+//! `fence` and `result` once known), a release
 //! the span `lockcore.release` (`backend`, `name`, `fence`); a renewal is
 //! a `DEBUG` event, a loss a `WARN` event, each with `backend`, `name`
 //! and `fence`. Inside an application's request span, a lock wait shows
@@ -53,6 +54,17 @@ pub const RENEWALS: &str = "lockcore_renewals_total";
 pub const LEASES_LOST: &str = "lockcore_leases_lost_total";
 /// Seconds of each call to the backend, by operation (histogram).
 pub const SERVER_CALL: &str = "lockcore_server_call_seconds";
+
+/// An owner token as logs, spans and error texts show it: the first 8
+/// characters of a token (an owner token is what a release compares, so
+/// a text that travels further than the server does not carry it whole);
+/// a node or key path (another client's, on ZooKeeper or etcd) whole.
+pub fn short_owner(owner: &str) -> std::borrow::Cow<'_, str> {
+    match owner.get(..8) {
+        Some(head) if owner.len() > 16 && !owner.contains('/') => format!("{head}…").into(),
+        _ => owner.into(),
+    }
+}
 
 /// The `primitive` label of an acquisition's mode.
 pub(crate) fn primitive(mode: Mode) -> &'static str {
@@ -92,7 +104,8 @@ pub(crate) async fn acquisition(
     opts: &LockOptions,
     acquiring: impl Future<Output = Result<Option<LockGuard>>>,
 ) -> Result<Option<LockGuard>> {
-    let span = tracing::info_span!("lockcore.acquire", backend, name, primitive = primitive(mode), owner = %owner, fence = tracing::field::Empty, result = tracing::field::Empty);
+    let owner = owner.to_string();
+    let span = tracing::info_span!("lockcore.acquire", backend, name, primitive = primitive(mode), owner = %short_owner(&owner), fence = tracing::field::Empty, result = tracing::field::Empty);
     let began = crate::raw::now();
     let got = acquiring
         .instrument(span.clone())

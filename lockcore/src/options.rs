@@ -107,8 +107,10 @@ impl LockOptions {
 
     /// Whether the lock's name is a label (`name`) of its metrics (off by
     /// default: names are unbounded, and so would be the series; see
-    /// [`observe`](crate::observe)). Set it on a
-    /// [`Locker`](crate::Locker)'s defaults for all its locks.
+    /// [`observe`](crate::observe)). An acquisition given options uses
+    /// theirs; `lock`, `try_lock`, `lock_timeout` and `inspect` use the
+    /// [`Locker`](crate::Locker)'s defaults
+    /// ([`with_defaults`](crate::Locker::with_defaults)).
     pub const fn metrics_name(mut self, on: bool) -> Self {
         self.metrics_name = on;
         self

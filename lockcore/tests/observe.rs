@@ -145,15 +145,66 @@ async fn names_are_labels_only_when_asked() {
     snapshotter();
     let l = Locker::memory();
     let g = l.try_lock("observe/unnamed").await.unwrap().expect("free");
-    let found = snapshotter()
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .any(|(key, ..)| {
-            key.key()
-                .labels()
-                .any(|l| l.key() == "name" && l.value() == "observe/unnamed")
-        });
+    // Through `value`, which keeps what each snapshot takes out.
+    let _ = value(ACQUISITIONS, &[]);
+    let found = kept()
+        .lock()
+        .unwrap()
+        .keys()
+        .any(|k| k.contains("observe/unnamed"));
     assert!(!found, "the name is a label without metrics_name");
     g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_abandon_is_not_a_loss_and_a_release_that_finds_it_gone_is() {
+    snapshotter();
+    let server = lockcore::memory::MemoryBackend::new();
+    let l = Locker::new(server.clone()).with_defaults(LockOptions::new().metrics_name(true));
+    let n = "observe/abandoned";
+    let lost = |reason: &'static str| vec![("backend", "memory"), ("name", n), ("reason", reason)];
+    l.try_lock(n).await.unwrap().expect("free").abandon();
+    let abandoned = lost("the holder abandoned the lease");
+    assert_eq!(
+        value(LEASES_LOST, &abandoned),
+        None,
+        "an abandon counted as lost"
+    );
+    assert_eq!(
+        value(LEASES_HELD, &[("backend", "memory"), ("name", n)]),
+        Some(Seen::Gauge(0.0))
+    );
+    server.revoke(n);
+
+    let n = "observe/gone";
+    let g = l.try_lock(n).await.unwrap().expect("free");
+    assert!(server.expire(n), "held on the server");
+    let err = g.release().await.expect_err("the server no longer held it");
+    assert_eq!(err.kind(), lockcore::ErrorKind::Lost, "{err}");
+    let gone = vec![
+        ("backend", "memory"),
+        ("name", n),
+        ("reason", "the server no longer held the lease at release"),
+    ];
+    assert_eq!(value(LEASES_LOST, &gone), Some(Seen::Count(1)));
+}
+
+#[tokio::test]
+async fn only_a_callers_timeout_asks_who_holds() {
+    snapshotter();
+    let l = Locker::memory().with_defaults(LockOptions::new().metrics_name(true));
+    let (a, b) = ("observe/multi-a", "observe/multi-b");
+    let held = l.try_lock(b).await.unwrap().expect("free");
+    let opts = LockOptions::new()
+        .metrics_name(true)
+        .wait(Wait::For(Duration::from_millis(50)));
+    let err = l.acquire_all(&[a, b], &opts).await.unwrap_err();
+    assert_eq!(err.kind(), lockcore::ErrorKind::Timeout, "{err}");
+    let asked = [("backend", "memory"), ("name", b), ("operation", "inspect")];
+    assert_eq!(
+        value(SERVER_CALL, &asked),
+        None,
+        "a multi-name wait asked who holds {b}"
+    );
+    held.release().await.unwrap();
 }

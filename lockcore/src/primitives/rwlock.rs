@@ -210,7 +210,16 @@ impl RwLock {
             Wait::Try => opts.wait(Wait::For(TRY_GATE)),
             _ => *opts,
         };
-        let gate = match self.locker.acquire(&self.gate_name(), &at_gate).await {
+        let gate = match self
+            .locker
+            .acquire_with(
+                &self.gate_name(),
+                &at_gate,
+                None,
+                crate::raw::Mode::Exclusive,
+            )
+            .await
+        {
             Ok(Some(gate)) => gate,
             Ok(None) => return Ok(None),
             Err(e) if opts.get_wait() == Wait::Try && e.kind() == ErrorKind::Timeout => {

@@ -245,7 +245,16 @@ impl Semaphore {
         let start = start_slot(self.permits);
         for k in 0..self.permits {
             let i = (start + k) % self.permits;
-            if let Some(guard) = self.locker.acquire(&self.slot_name(i), &try_opts).await? {
+            if let Some(guard) = self
+                .locker
+                .acquire_with(
+                    &self.slot_name(i),
+                    &try_opts,
+                    None,
+                    crate::raw::Mode::Exclusive,
+                )
+                .await?
+            {
                 return Ok(Some(Permit {
                     guard,
                     slot: Some(i),
@@ -299,7 +308,14 @@ impl Semaphore {
             .map(|i| {
                 let (locker, name) = (self.locker.clone(), self.slot_name(i));
                 let opts = *opts;
-                async move { (i, locker.acquire(&name, &opts).await) }
+                async move {
+                    (
+                        i,
+                        locker
+                            .acquire_with(&name, &opts, None, crate::raw::Mode::Exclusive)
+                            .await,
+                    )
+                }
             })
             .collect();
         let mut timed_out = None;

@@ -22,6 +22,9 @@ use crate::raw::{BackendLease, Grant, Released, Renewal};
 /// deadlines checked for having passed are scheduled this much later.
 const TIMER_SLACK: Duration = Duration::from_millis(1);
 
+/// The lost reason of a lease that its release found gone.
+const GONE_AT_RELEASE: &str = "the server no longer held the lease at release";
+
 fn renew_interval(ttl: Duration) -> Duration {
     ttl / 3
 }
@@ -229,9 +232,15 @@ impl Held {
     /// Raises the lost signal (once) with a reason.
     pub(crate) fn mark_lost(&self, reason: &'static str) {
         let _ = self.lost_at.set(crate::raw::now().min(self.valid_until()));
-        if self.lost_reason.set(reason).is_ok() && !self.released.load(Ordering::Relaxed) {
+        let first = self.lost_reason.set(reason).is_ok();
+        // A loss the holder learns of at its release is a loss too; its
+        // own abandon is not.
+        let by_release = reason == GONE_AT_RELEASE;
+        if first && (by_release || !self.released.load(Ordering::Relaxed)) {
             tracing::warn!(backend = self.backend, name = %self.name, fence = ?self.fence, reason, "lock lease lost");
-            observe::count(observe::LEASES_LOST, self.labels(), &[("reason", reason)]);
+            if !self.abandoned.load(Ordering::Acquire) {
+                observe::count(observe::LEASES_LOST, self.labels(), &[("reason", reason)]);
+            }
         }
         self.lost.cancel();
         self.ended();
@@ -292,7 +301,7 @@ impl Held {
                 "released, but the lease had been lost before (the server still had it)",
             )),
             Ok(Released::NotHeld) => {
-                self.mark_lost("the server no longer held the lease at release");
+                self.mark_lost(GONE_AT_RELEASE);
                 Err(self.lost_error("release found the lease gone"))
             }
             Err(e) => Err(e.or_name(&self.name)),
