@@ -104,7 +104,7 @@ fn fmt_holder(holder: Option<&HolderInfo>) -> String {
     };
     let mut out = String::from(" (held by ");
     match h.owner.as_deref() {
-        Some(owner) => out.push_str(&crate::observe::short_owner(owner)),
+        Some(owner) => out.push_str(&crate::info::short_owner(owner)),
         None => out.push_str("an owner it does not name"),
     }
     if let Some(f) = h.fence {
@@ -140,7 +140,7 @@ impl fmt::Debug for Error {
                 &self
                     .holder
                     .as_ref()
-                    .map(|h| (h.owner.as_deref().map(crate::observe::short_owner), h.fence)),
+                    .map(|h| (h.owner.as_deref().map(crate::info::short_owner), h.fence)),
             );
         if let Some(s) = &self.source {
             d.field("source", &format_args!("{s}"));

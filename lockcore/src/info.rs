@@ -108,3 +108,14 @@ pub enum Role {
     /// The writer of a read-write lock ([`Mode::Write`](crate::raw::Mode::Write)).
     Writer,
 }
+
+/// An owner token as logs, spans and error texts show it: the first 8
+/// characters of a token (an owner token is what a release compares, so
+/// a text that travels further than the server does not carry it whole);
+/// a node or key path (another client's, on ZooKeeper or etcd) whole.
+pub(crate) fn short_owner(owner: &str) -> std::borrow::Cow<'_, str> {
+    match owner.get(..8) {
+        Some(head) if owner.len() > 16 && !owner.contains('/') => format!("{head}…").into(),
+        _ => owner.into(),
+    }
+}

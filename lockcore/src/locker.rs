@@ -272,7 +272,16 @@ impl Locker {
         owner: OwnerToken,
     ) -> Result<Option<LockGuard>> {
         let acquiring = self.acquire_owned(name, opts, value, mode, owner);
-        observe::acquisition(self.backend.name(), name, mode, owner, opts, acquiring).await
+        let fence = LockGuard::fence;
+        observe::acquisition(
+            self.backend.name(),
+            name,
+            (mode, owner),
+            opts,
+            acquiring,
+            fence,
+        )
+        .await
     }
 
     /// [`acquire_as`](Locker::acquire_as), its errors not yet named.

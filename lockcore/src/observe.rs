@@ -21,7 +21,7 @@
 //!
 //! Spans and events go through `tracing` whatever the feature: an
 //! acquisition is the span `lockcore.acquire` (fields `backend`, `name`,
-//! `primitive`, `owner` (its first 8 characters, see [`short_owner`]), and
+//! `primitive`, `owner` (its first 8 characters: a release compares the whole token), and
 //! `fence` and `result` once known), a release
 //! the span `lockcore.release` (`backend`, `name`, `fence`); a renewal is
 //! a `DEBUG` event, a loss a `WARN` event, each with `backend`, `name`
@@ -36,7 +36,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::error::{ErrorKind, Result};
-use crate::guard::LockGuard;
+use crate::info::short_owner;
 use crate::options::LockOptions;
 use crate::raw::{Mode, OwnerToken};
 
@@ -54,17 +54,6 @@ pub const RENEWALS: &str = "lockcore_renewals_total";
 pub const LEASES_LOST: &str = "lockcore_leases_lost_total";
 /// Seconds of each call to the backend, by operation (histogram).
 pub const SERVER_CALL: &str = "lockcore_server_call_seconds";
-
-/// An owner token as logs, spans and error texts show it: the first 8
-/// characters of a token (an owner token is what a release compares, so
-/// a text that travels further than the server does not carry it whole);
-/// a node or key path (another client's, on ZooKeeper or etcd) whole.
-pub fn short_owner(owner: &str) -> std::borrow::Cow<'_, str> {
-    match owner.get(..8) {
-        Some(head) if owner.len() > 16 && !owner.contains('/') => format!("{head}…").into(),
-        _ => owner.into(),
-    }
-}
 
 /// The `primitive` label of an acquisition's mode.
 pub(crate) fn primitive(mode: Mode) -> &'static str {
@@ -96,14 +85,14 @@ pub(crate) fn kind(kind: ErrorKind) -> &'static str {
 /// # Cancel safety
 ///
 /// As `acquiring`'s (a dropped acquisition is not counted).
-pub(crate) async fn acquisition(
+pub(crate) async fn acquisition<G>(
     backend: &'static str,
     name: &str,
-    mode: Mode,
-    owner: OwnerToken,
+    (mode, owner): (Mode, OwnerToken),
     opts: &LockOptions,
-    acquiring: impl Future<Output = Result<Option<LockGuard>>>,
-) -> Result<Option<LockGuard>> {
+    acquiring: impl Future<Output = Result<Option<G>>>,
+    fence: impl Fn(&G) -> Option<u64>,
+) -> Result<Option<G>> {
     let owner = owner.to_string();
     let span = tracing::info_span!("lockcore.acquire", backend, name, primitive = primitive(mode), owner = %short_owner(&owner), fence = tracing::field::Empty, result = tracing::field::Empty);
     let began = crate::raw::now();
@@ -113,7 +102,7 @@ pub(crate) async fn acquisition(
         .map_err(|e| e.or_operation("acquire"));
     let result = match &got {
         Ok(Some(g)) => {
-            span.record("fence", g.fence());
+            span.record("fence", fence(g));
             "granted"
         }
         Ok(None) => "contended",
