@@ -212,7 +212,8 @@ impl Locker {
     /// Acquires `name` with `opts`.
     ///
     /// - [`Wait::Try`]: `Ok(None)` when the name is held.
-    /// - [`Wait::For`]: [`ErrorKind::Timeout`] when still held at the deadline.
+    /// - [`Wait::For`]: [`ErrorKind::Timeout`] when still held at the deadline,
+    ///   with its holder ([`Error::holder`]) where the backend tells.
     /// - [`Wait::Forever`]: waits until acquired or an error.
     ///
     /// Invalid names fail with [`ErrorKind::InvalidName`] and out-of-range
@@ -271,17 +272,9 @@ impl Locker {
         mode: Mode,
         owner: OwnerToken,
     ) -> Result<Option<LockGuard>> {
+        let (backend, fence) = (self.backend.name(), LockGuard::fence);
         let acquiring = self.acquire_owned(name, opts, value, mode, owner);
-        let fence = LockGuard::fence;
-        observe::acquisition(
-            self.backend.name(),
-            name,
-            (mode, owner),
-            opts,
-            acquiring,
-            fence,
-        )
-        .await
+        observe::acquisition(backend, name, (mode, owner), opts, acquiring, fence).await
     }
 
     /// [`acquire_as`](Locker::acquire_as), its errors not yet named.
