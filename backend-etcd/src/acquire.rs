@@ -209,6 +209,7 @@ impl EtcdBackend {
                     .await;
                 return Ok(Ok(None));
             }
+            waiting();
             let turn = self
                 .wait_turn(req, lease, &range, &key, my_rev, &valid)
                 .await?;

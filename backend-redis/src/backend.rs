@@ -226,6 +226,7 @@ impl Backend for RedisBackend {
             if req.deadline.passed(Instant::now()) {
                 return Ok(None);
             }
+            waiting();
             if subs.is_empty() {
                 // Subscribe, then retry at once: no release can slip between.
                 subs.push(self.wake.subscribe(&keys.channel).await);

@@ -118,6 +118,7 @@ impl ZkBackend {
                 cleanup.run_now().await;
                 return Ok(None);
             }
+            waiting();
             let pred = format!("{parent}/{}", blocker.name);
             if !self.watch_predecessor(session, &pred, req.deadline).await? {
                 cleanup.run_now().await;

@@ -1136,6 +1136,50 @@ async fn bench_held_only(_ctx: Ctx) {
     assert!(v.get("uncontended_1_task_pairs_per_s").is_none(), "{out}");
 }
 
+/// `bench --json --metrics` reports the library's metrics under the names
+/// an exporter shows; `--metrics` without `--json` is a usage error.
+async fn bench_metrics_use_the_library_names(_ctx: Ctx) {
+    let args = [
+        "--url",
+        "memory://",
+        "bench",
+        "--duration",
+        "200ms",
+        "--held",
+        "10",
+    ];
+    let (code, out, err) = local(&[&args[..], &["--json", "--metrics"]].concat()).await;
+    if !cfg!(feature = "metrics") {
+        assert!(err.contains("`metrics` feature"), "{err}");
+        return;
+    }
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    let m = &v["metrics"];
+    let granted = m[lockcore::observe::ACQUISITIONS]
+        .as_array()
+        .expect("acquisitions")
+        .iter()
+        .find(|s| s["labels"]["result"] == "granted" && s["labels"]["primitive"] == "lock")
+        .expect("granted locks");
+    assert_eq!(granted["labels"]["backend"], "memory", "{granted}");
+    assert!(granted["value"].as_u64() > Some(0), "{granted}");
+    let handoffs = &m[lockcore::observe::HANDOFFS][0]["value"];
+    assert!(
+        handoffs.as_u64() > Some(0),
+        "the contended figure hands off: {m}"
+    );
+    let wait = &m[lockcore::observe::ACQUIRE_WAIT][0];
+    assert!(
+        wait["count"].as_u64() > Some(0) && wait["p99"].is_f64(),
+        "{wait}"
+    );
+
+    let (code, _, err) = local(&[&args[..], &["--metrics"]].concat()).await;
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--json"), "{err}");
+}
+
 /// Schemes are case-insensitive: the backend's URL with its scheme in
 /// capitals works as it is.
 async fn schemes_are_case_insensitive(ctx: Ctx) {
@@ -2169,6 +2213,9 @@ fn main() -> std::process::ExitCode {
         Box::pin(every_help_has_an_example(c))
     })
     .case("bench_held_only", |c| Box::pin(bench_held_only(c)))
+    .case("bench_metrics_use_the_library_names", |c| {
+        Box::pin(bench_metrics_use_the_library_names(c))
+    })
     .case("completions_and_man_page", |c| {
         Box::pin(completions_and_man_page(c))
     });

@@ -287,6 +287,7 @@ impl Backend for MemoryBackend {
             if req.deadline == Deadline::Now {
                 return Ok(None);
             }
+            crate::raw::waiting();
             let (tx, rx) = oneshot::channel();
             entry.waiters.push_back(Waiter {
                 owner: req.owner,

@@ -13,6 +13,7 @@
 //! |---|---|---|---|
 //! | [`ACQUISITIONS`] | counter | `primitive`, `result` (`granted`, `contended`, `timed_out`, `error`), `kind` (for an error) | acquisitions by outcome |
 //! | [`ACQUIRE_WAIT`] | histogram | `primitive`, `result` | seconds from asking to the outcome |
+//! | [`HANDOFFS`] | counter | `primitive` | grants that came after waiting behind a holder (on a backend that says so: all but MySQL) |
 //! | [`LEASES_HELD`] | gauge | | leases held now (granted, not yet released, lost or abandoned) |
 //! | [`HOLD`] | histogram | | seconds a lease was held, at its release, loss or abandon |
 //! | [`RENEWALS`] | counter | `result` (`ok`, `error`), `kind` | renewals |
@@ -44,6 +45,11 @@ use crate::raw::{Mode, OwnerToken};
 pub const ACQUISITIONS: &str = "lockcore_acquisitions_total";
 /// Seconds from asking for a lock to the outcome (histogram).
 pub const ACQUIRE_WAIT: &str = "lockcore_acquire_wait_seconds";
+/// Grants that came after waiting behind a holder (counter): the backend
+/// found the name held, waited and was granted it. Counted on the backends
+/// that say so through [`raw::waiting`](crate::raw::waiting): all of this
+/// workspace's but MySQL's, whose waits happen inside the server.
+pub const HANDOFFS: &str = "lockcore_handoffs_total";
 /// Leases held now (gauge).
 pub const LEASES_HELD: &str = "lockcore_leases_held";
 /// Seconds a lease was held, recorded when it ends (histogram).
@@ -96,10 +102,8 @@ pub(crate) async fn acquisition<G>(
     let owner = owner.to_string();
     let span = tracing::info_span!("lockcore.acquire", backend, name, primitive = primitive(mode), owner = %short_owner(&owner), fence = tracing::field::Empty, result = tracing::field::Empty);
     let began = crate::raw::now();
-    let got = acquiring
-        .instrument(span.clone())
-        .await
-        .map_err(|e| e.or_operation("acquire"));
+    let (got, waited) = crate::raw::watch(acquiring).instrument(span.clone()).await;
+    let got = got.map_err(|e| e.or_operation("acquire"));
     let result = match &got {
         Ok(Some(g)) => {
             span.record("fence", fence(g));
@@ -119,6 +123,9 @@ pub(crate) async fn acquisition<G>(
             count(ACQUISITIONS, at, &labels);
         }
         _ => count(ACQUISITIONS, at, &labels),
+    }
+    if waited && result == "granted" {
+        count(HANDOFFS, at, &labels[..1]);
     }
     got
 }

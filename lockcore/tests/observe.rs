@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lockcore::observe::{
-    ACQUIRE_WAIT, ACQUISITIONS, HOLD, LEASES_HELD, LEASES_LOST, RENEWALS, SERVER_CALL,
+    ACQUIRE_WAIT, ACQUISITIONS, HANDOFFS, HOLD, LEASES_HELD, LEASES_LOST, RENEWALS, SERVER_CALL,
 };
 use lockcore::{LockOptions, Locker, Wait};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -207,4 +207,39 @@ async fn only_a_callers_timeout_asks_who_holds() {
         "a multi-name wait asked who holds {b}"
     );
     held.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_grant_after_waiting_is_a_handoff() {
+    snapshotter();
+    let l = Locker::memory().with_defaults(LockOptions::new().metrics_name(true));
+    let n = "observe/handoff";
+    let at = [("backend", "memory"), ("name", n), ("primitive", "lock")];
+    // Free: granted at once, no hand-off.
+    l.lock(n).await.unwrap().release().await.unwrap();
+    assert_eq!(
+        value(HANDOFFS, &at),
+        None,
+        "a free name counted as a hand-off"
+    );
+
+    let held = l.lock(n).await.unwrap();
+    let waiter = {
+        let l = l.clone();
+        tokio::spawn(async move { l.lock(n).await })
+    };
+    // The waiter is queued on the server before the holder lets go.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while l.inspect(n).await.unwrap().and_then(|i| i.waiters) != Some(1) {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::task::yield_now().await;
+    }
+    held.release().await.unwrap();
+    let g = waiter.await.unwrap().unwrap();
+    assert_eq!(value(HANDOFFS, &at), Some(Seen::Count(1)));
+
+    // A try that finds the name held is contended, not a hand-off.
+    assert!(l.try_lock(n).await.unwrap().is_none());
+    g.release().await.unwrap();
+    assert_eq!(value(HANDOFFS, &at), Some(Seen::Count(1)));
 }

@@ -111,6 +111,7 @@ impl Backend for RedLockBackend {
             if req.deadline.passed(Instant::now()) {
                 return Ok(None);
             }
+            waiting();
             if subs.is_empty() {
                 for i in self.instances.iter() {
                     subs.push(i.wake.subscribe(&keys.channel).await);

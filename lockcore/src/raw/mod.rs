@@ -25,6 +25,7 @@ mod request;
 pub mod retry;
 pub mod sync;
 mod time;
+mod waited;
 pub(crate) mod watchdog;
 
 pub use async_trait::async_trait;
@@ -32,6 +33,8 @@ pub use backend::Backend;
 pub use lease::{AllOrNone, BackendLease, Grant, Released, Renewal};
 pub use request::{AcquireRequest, Deadline, Mode, OwnerToken};
 pub use time::{now, validity_deadline, whole_seconds, within};
+pub use waited::waiting;
+pub(crate) use waited::watch;
 
 /// What a backend crate needs, in one import:
 /// `use lockcore::raw::prelude::*;`.
@@ -40,7 +43,7 @@ pub mod prelude {
     pub use tokio_util::sync::CancellationToken;
 
     pub use super::{
-        now, validity_deadline, whole_seconds, within, AcquireRequest, AllOrNone, Backend,
+        now, validity_deadline, waiting, whole_seconds, within, AcquireRequest, AllOrNone, Backend,
         BackendLease, Deadline, Grant, Mode, OwnerToken, Released, Renewal,
     };
     pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind, LockDelay};
