@@ -19,6 +19,7 @@
 //! | `zk://h1:2181,h2:2181[/chroot]`, `zookeeper://...` | ZooKeeper (`lockcore-zk`) | `zk` |
 //! | `etcd://h1:2379,h2:2379`, `etcds://...`, `http://h1:2379,http://h2:2379`, `https://...` | etcd (`lockcore-etcd`) | `etcd` |
 //! | `mysql://user:pass@host/db`, `mariadb://...` | MySQL 8 / MariaDB (`lockcore-mysql`) | `mysql` |
+//! | `postgres://user:pass@host/db`, `postgresql://...` | PostgreSQL (`lockcore-postgres`) | `postgres` |
 //! | `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, `redis+sentinel://s1:p1,s2:p2/MASTER`, `redlock://h1:p1,...` | Redis (`lockcore-redis`) | `redis` |
 //! | `migrate:OLD\|NEW[#fence_offset=N]` | both at once, while a fleet moves from OLD to NEW ([`lockcore::migrate`]) | those of OLD and NEW |
 //!
@@ -148,7 +149,7 @@ fn split_options(url: &str) -> Result<(&str, u64)> {
 }
 
 /// Every backend but the in-memory one, in one table.
-fn backends() -> [Entry; 4] {
+fn backends() -> [Entry; 5] {
     [
         entry!(
             "redis",
@@ -166,6 +167,7 @@ fn backends() -> [Entry; 4] {
         entry!("zk", lockcore_zk, ["zk", "zookeeper"]),
         entry!("etcd", lockcore_etcd, ["etcd", "etcds", "http", "https"]),
         entry!("mysql", lockcore_mysql, ["mysql", "mariadb"]),
+        entry!("postgres", lockcore_postgres, ["postgres", "postgresql"]),
     ]
 }
 
@@ -431,6 +433,10 @@ mod tests {
             "mysql://u:p@127.0.0.1:3306/db?pool_size=zero",
             #[cfg(feature = "mysql")]
             "mysql://u:p@127.0.0.1:3306/db?table=a;b",
+            #[cfg(feature = "postgres")]
+            "postgres://u:p@127.0.0.1:5432/db?pool_size=zero",
+            #[cfg(feature = "postgres")]
+            "postgresql://127.0.0.1:5432/db",
         ];
         for url in bad {
             let t = std::time::Instant::now();

@@ -62,6 +62,13 @@ const SPECS: &[Spec] = &[
         server: "mariadb",
         url: |v| v.to_owned(),
     },
+    #[cfg(feature = "postgres")]
+    Spec {
+        target: "cli-postgres",
+        env: "LOCKTEST_POSTGRES_URL",
+        server: "postgres",
+        url: |v| v.to_owned(),
+    },
 ];
 
 fn spec(ctx: &Ctx) -> &'static Spec {
@@ -735,11 +742,25 @@ async fn command_dies_with_distlock(ctx: Ctx) {
 /// when it was killed), on the server; another client is granted no
 /// earlier than the delay after the kill, with a larger token.
 async fn lock_delay_outlives_a_killed_distlock(ctx: Ctx) {
-    assert_ne!(
-        ctx.caps.lock_delay,
-        distlock::LockDelay::Unsupported,
-        "every CLI target enforces a lock-delay"
-    );
+    if ctx.caps.lock_delay == distlock::LockDelay::Unsupported {
+        // PostgreSQL: a connection lease, freed at once when it closes.
+        // The delay is refused before the command runs.
+        assert_eq!(
+            spec(&ctx).target,
+            "cli-postgres",
+            "every other CLI target enforces a lock-delay"
+        );
+        let ran = scratch(&ctx, "ran");
+        let touch = format!("touch {}", ran.display());
+        let name = ctx.name("delay-refused");
+        let url = (spec(&ctx).url)(&ctx.config);
+        let args = ["run", "--lock-delay", "2s", &name, "--", "sh", "-c", &touch];
+        let (code, _, err) = with_url(&url, &args).await;
+        assert_eq!(code, Some(64), "{err}");
+        assert!(err.contains("lock-delay"), "{err}");
+        assert!(!ran.exists(), "the command ran");
+        return;
+    }
     let name = ctx.name("delay-killed");
     let pidfile = scratch(&ctx, "pid-delay");
     let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
@@ -1839,7 +1860,9 @@ async fn credentials_are_checked_at_connect(ctx: Ctx) {
             urls
         }
         "cli-etcd" => vec![format!("etcd://nobody:wrong@{hp}")],
-        "cli-mysql" => vec![url.replacen("lockcore:lockcore@", "lockcore:wrong@", 1)],
+        "cli-mysql" | "cli-postgres" => {
+            vec![url.replacen("lockcore:lockcore@", "lockcore:wrong@", 1)]
+        }
         // ZooKeeper's digest scheme takes any credentials: refusal is an
         // ACL's (NoAuth), mapped to 77 like the others.
         _ => vec![],
@@ -1877,8 +1900,9 @@ async fn credentials_are_checked_at_connect(ctx: Ctx) {
             with_url(&format!("redis://:cli-secret@{hp}"), &["inspect", &name]).await;
         assert_eq!(code, Some(0), "{err}");
     }
-    if target == "cli-mysql" {
-        let no_user = format!("mysql://{hp}/lockcore");
+    if target == "cli-mysql" || target == "cli-postgres" {
+        let scheme = url.split_once("://").map_or("mysql", |(s, _)| s);
+        let no_user = format!("{scheme}://{hp}/lockcore");
         let (code, _, err) = with_url(&no_user, &["inspect", &name]).await;
         assert_eq!(code, Some(64), "{err}");
         assert!(err.contains("no user"), "{err}");
@@ -1919,6 +1943,10 @@ async fn user_info_is_decoded_once(ctx: Ctx) {
         "cli-mysql" => written
             .iter()
             .map(|p| format!("mysql://lockcore_plus:{p}@{hp}/lockcore"))
+            .collect(),
+        "cli-postgres" => written
+            .iter()
+            .map(|p| format!("postgres://lockcore_plus:{p}@{hp}/lockcore"))
             .collect(),
         _ => return,
     };
@@ -1969,7 +1997,7 @@ async fn another_protocol_says_so(ctx: Ctx) {
     assert!(!others.is_empty(), "no other server to point at");
     for hp in others {
         let url = match scheme.as_str() {
-            "mysql" | "mariadb" => format!("{scheme}://u:p@{hp}/db"),
+            "mysql" | "mariadb" | "postgres" | "postgresql" => format!("{scheme}://u:p@{hp}/db"),
             s => format!("{s}://{hp}"),
         };
         let t = Instant::now();

@@ -147,6 +147,7 @@ fn target(name: &str, var: &str, port: Option<u16>, servers: &'static [&'static 
             Box::pin(paused(ctx, &["etcd-1", "etcd-2", "etcd-3"]))
         }),
         ["mariadb"] => t.case("servers_paused", |ctx| Box::pin(paused(ctx, &["mariadb"]))),
+        ["postgres"] => t.case("servers_paused", |ctx| Box::pin(paused(ctx, &["postgres"]))),
         _ => t,
     }
 }
@@ -192,5 +193,11 @@ fn main() -> std::process::ExitCode {
             &["etcd-1", "etcd-2", "etcd-3"],
         ),
         target("mysql", "LOCKTEST_MYSQL_URL", Some(3306), &["mariadb"]),
+        target(
+            "postgres",
+            "LOCKTEST_POSTGRES_URL",
+            Some(5432),
+            &["postgres"],
+        ),
     ])
 }

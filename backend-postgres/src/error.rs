@@ -1,0 +1,114 @@
+//! The one place where the driver's errors become lockcore errors, and the
+//! server's SQLSTATE codes this backend reacts to.
+
+use lockcore::{Error, ErrorKind};
+
+use crate::config::NAME;
+
+/// SQLSTATE codes this backend reacts to.
+pub(crate) mod code {
+    /// `lock_not_available`: `lock_timeout` ran out.
+    pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
+    /// `admin_shutdown`: the session was terminated, or the server stops.
+    pub(crate) const ADMIN_SHUTDOWN: &str = "57P01";
+    /// `crash_shutdown`.
+    pub(crate) const CRASH_SHUTDOWN: &str = "57P02";
+    /// `cannot_connect_now`: the server is starting or stopping.
+    pub(crate) const CANNOT_CONNECT_NOW: &str = "57P03";
+    /// `idle_session_timeout`: the session was idle past its timeout.
+    pub(crate) const IDLE_SESSION_TIMEOUT: &str = "57P05";
+    /// `too_many_connections`.
+    pub(crate) const TOO_MANY_CONNECTIONS: &str = "53300";
+    /// `invalid_password`.
+    pub(crate) const INVALID_PASSWORD: &str = "28P01";
+    /// `invalid_authorization_specification`.
+    pub(crate) const INVALID_AUTHORIZATION: &str = "28000";
+    /// `insufficient_privilege`.
+    pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
+    /// `invalid_catalog_name`: no such database.
+    pub(crate) const INVALID_CATALOG: &str = "3D000";
+    /// `undefined_table`.
+    pub(crate) const UNDEFINED_TABLE: &str = "42P01";
+}
+
+/// The SQLSTATE of `e`, if the server sent one.
+pub(crate) fn sqlstate(e: &sqlx::Error) -> Option<String> {
+    Some(e.as_database_error()?.code()?.into_owned())
+}
+
+/// Whether `e` says the connection, and with it the server session and
+/// every advisory lock it held, is gone.
+pub(crate) fn session_gone(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(_) => matches!(
+            sqlstate(e).as_deref(),
+            Some(
+                code::ADMIN_SHUTDOWN
+                    | code::CRASH_SHUTDOWN
+                    | code::IDLE_SESSION_TIMEOUT
+                    | code::CANNOT_CONNECT_NOW
+            )
+        ),
+        _ => false,
+    }
+}
+
+/// Maps an error of connecting to `server`: a server that answered, but
+/// not as PostgreSQL, is said to be one.
+pub(crate) fn connect_err(e: sqlx::Error, server: &str) -> Error {
+    let refused =
+        matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused);
+    let foreign = !refused
+        && matches!(
+            &e,
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Decode(_)
+        );
+    if foreign {
+        return Error::unavailable(
+            NAME,
+            format!("connecting to {server}: the server did not answer as PostgreSQL ({e}); is another service listening on that port?"),
+        )
+        .with_source(e);
+    }
+    map_err(e, "connecting", server)
+}
+
+/// Maps a driver error to a lockcore error; `what` says what was tried.
+pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
+    let state = sqlstate(&e);
+    let kind = match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => ErrorKind::Unavailable,
+        sqlx::Error::Configuration(_) => ErrorKind::InvalidConfig,
+        sqlx::Error::Database(_) => match state.as_deref() {
+            Some(
+                code::INVALID_PASSWORD | code::INVALID_AUTHORIZATION | code::INSUFFICIENT_PRIVILEGE,
+            ) => ErrorKind::Unauthorized,
+            Some(code::INVALID_CATALOG | code::UNDEFINED_TABLE) => ErrorKind::InvalidConfig,
+            Some(
+                code::ADMIN_SHUTDOWN
+                | code::CRASH_SHUTDOWN
+                | code::CANNOT_CONNECT_NOW
+                | code::IDLE_SESSION_TIMEOUT
+                | code::TOO_MANY_CONNECTIONS,
+            ) => ErrorKind::Unavailable,
+            _ => ErrorKind::Backend,
+        },
+        _ => ErrorKind::Backend,
+    };
+    let hint = match kind {
+        ErrorKind::Unavailable if state.as_deref() == Some(code::TOO_MANY_CONNECTIONS) => {
+            "; the server lets this client open no more connections (its max_connections, or the role's CONNECTION LIMIT): every lock held or awaited keeps a connection of its own, so that limit bounds how many locks one client holds at once"
+        }
+        ErrorKind::Unavailable => "; is the server up and reachable?",
+        ErrorKind::InvalidConfig => "; check the database and the table (ensure_schema creates it)",
+        ErrorKind::Unauthorized => "; check the user, the password and the user's grants on the database",
+        _ => "",
+    };
+    Error::new(kind, NAME, format!("{what} on {server}: {e}{hint}")).with_source(e)
+}

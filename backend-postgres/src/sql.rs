@@ -1,0 +1,130 @@
+//! Every statement this backend sends, for one table.
+//!
+//! A name's advisory lock key is `hashtextextended(name, 0)`, computed by
+//! the server, so that any client shares a name with
+//! `SELECT pg_advisory_lock(hashtextextended('NAME', 0))`. A row per name
+//! in the table keeps its fencing counter and, while a client of this
+//! library holds it, the holder's owner token, server process id, since
+//! and value.
+
+/// The fencing token of a new holder: one more than the name's counter,
+/// and at least the server's clock in microseconds (a counter that went
+/// back, a table restored from a backup, still gives rising tokens).
+const NEXT_FENCE: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+
+/// The key of the name given as parameter `$1`, split as `pg_locks` shows
+/// an advisory lock on a 64-bit key: `classid` the high half, `objid` the
+/// low one, `objsubid` 1.
+const KEY_MATCHES: &str = "l.locktype = 'advisory' AND l.objsubid = 1 \
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+    AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::bigint::oid \
+    AND l.objid = (hashtextextended($1, 0) & 4294967295)::bigint::oid";
+
+/// The statements of one table.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    /// Creates the table if missing.
+    pub(crate) schema: String,
+    /// Tries the lock of `$1` for owner `$2` with value `$3`; when it is
+    /// taken, in the same statement, advances the fencing counter, writes
+    /// the holder's row (committed before the answer) and sets the
+    /// session's `idle_session_timeout` to `$4` ms. Answers `(taken,
+    /// fence)`.
+    pub(crate) try_lock: String,
+    /// Waits in the server's queue for the lock of `$1`, at most `$2` ms
+    /// (`lock_timeout`, 0: no bound), and sets `lock_timeout` back to 0
+    /// once it holds it.
+    pub(crate) wait_lock: &'static str,
+    /// After [`Sql::wait_lock`]: the counter and the holder's row as
+    /// [`Sql::try_lock`] writes them, and the idle timeout. Answers the
+    /// fence.
+    pub(crate) granted: String,
+    /// Renews: the session's idle timeout to `$1` ms.
+    pub(crate) renew: &'static str,
+    /// Releases the lock of `$1` held by owner `$2`: the row forgets its
+    /// holder and value, the session its idle timeout. Answers whether the
+    /// lock was held.
+    pub(crate) release: String,
+    /// The holder and the waiters of `$1`, from `pg_locks`: `(granted, pid)`.
+    pub(crate) lockers: String,
+    /// The row of `$1` if it names server process `$2` as holding it:
+    /// `(owner, fence, value, since)`.
+    pub(crate) holder_row: String,
+    /// Names that start with `$1` (a `LIKE` pattern) held by a client of
+    /// this library now, at most `$2`.
+    pub(crate) list: String,
+}
+
+impl Sql {
+    /// The statements of `table` (already checked to be a plain name).
+    pub(crate) fn new(table: &str) -> Self {
+        let upsert = format!(
+            "INSERT INTO {table} AS t (name, fence, owner, pid, since, value) \
+             SELECT $1, {NEXT_FENCE}, $2, pg_backend_pid(), clock_timestamp(), $3"
+        );
+        let on_conflict = "ON CONFLICT (name) DO UPDATE SET fence = GREATEST(t.fence + 1, EXCLUDED.fence), \
+             owner = EXCLUDED.owner, pid = EXCLUDED.pid, since = EXCLUDED.since, value = EXCLUDED.value \
+             RETURNING t.fence";
+        Sql {
+            schema: format!(
+                "CREATE TABLE IF NOT EXISTS {table} (name text COLLATE \"C\" PRIMARY KEY, \
+                 fence bigint NOT NULL, owner text, pid integer, since timestamptz, value text)"
+            ),
+            try_lock: format!(
+                "WITH l AS (SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS got), \
+                 u AS ({upsert} FROM l WHERE l.got {on_conflict}) \
+                 SELECT l.got, (SELECT fence FROM u), \
+                 CASE WHEN l.got THEN set_config('idle_session_timeout', $4, false) END FROM l"
+            ),
+            wait_lock: "SELECT set_config('lock_timeout', '0', false) FROM \
+                 (SELECT pg_advisory_lock(hashtextextended($1, 0)) FROM \
+                 (SELECT set_config('lock_timeout', $2, false) OFFSET 0) a OFFSET 0) x",
+            granted: format!(
+                "WITH u AS ({upsert} {on_conflict}) \
+                 SELECT (SELECT fence FROM u), set_config('idle_session_timeout', $4, false)"
+            ),
+            renew: "SELECT set_config('idle_session_timeout', $1, false)",
+            release: format!(
+                "WITH r AS (UPDATE {table} SET pid = NULL, value = NULL WHERE name = $1 AND owner = $2) \
+                 SELECT pg_advisory_unlock(hashtextextended($1, 0)), \
+                 set_config('idle_session_timeout', '0', false)"
+            ),
+            lockers: format!("SELECT l.granted, l.pid FROM pg_locks l WHERE {KEY_MATCHES}"),
+            holder_row: format!(
+                "SELECT owner, fence, value, \
+                 floor(extract(epoch FROM since) * 1000)::bigint FROM {table} \
+                 WHERE name = $1 AND pid = $2 AND owner IS NOT NULL"
+            ),
+            list: format!(
+                "SELECT t.name FROM {table} t WHERE t.name LIKE $1 AND t.pid IS NOT NULL \
+                 AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.granted AND l.pid = t.pid \
+                 AND {}) LIMIT $2",
+                KEY_MATCHES.replace("$1", "t.name")
+            ),
+        }
+    }
+}
+
+/// `prefix` as a `LIKE` pattern that matches names starting with it
+/// (`%`, `_` and `\` taken literally).
+pub(crate) fn like_prefix(prefix: &str) -> String {
+    let mut p = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('%');
+    p
+}
+
+/// The SQL that [`connect`](crate::connect) runs with `ensure_schema` (the
+/// default), for a DBA who creates the table in advance.
+///
+/// ```
+/// assert!(lockcore_postgres::schema_sql("lockcore_locks").contains("CREATE TABLE IF NOT EXISTS lockcore_locks"));
+/// ```
+pub fn schema_sql(table: &str) -> String {
+    Sql::new(table).schema
+}
