@@ -16,7 +16,7 @@ use lockcore_conformance::run;
 
 mod migrating;
 
-use migrating::{migrating, target, var, OFFSET, REDIS_ETCD, REDIS_ZK};
+use migrating::{migrating, target, var, OFFSET, REDIS_ETCD, REDIS_POSTGRES, REDIS_ZK};
 
 /// An old-only and a new-only client at once: both hold the name.
 async fn forbidden_overlap(old_url: String, new_url: String, name: String) {
@@ -316,6 +316,30 @@ fn main() -> std::process::ExitCode {
                 var("LOCKTEST_REDIS_URL"),
                 migrating("LOCKTEST_ETCD_URL"),
                 var("LOCKTEST_ETCD_URL"),
+                ctx.name("offset"),
+            ))
+        }),
+        target("migrate-redis-postgres", REDIS_POSTGRES, || {
+            migrating("LOCKTEST_POSTGRES_URL")
+        })
+        .case("old_only_with_new_only_overlaps", |ctx| {
+            Box::pin(forbidden_overlap(
+                var("LOCKTEST_REDIS_URL"),
+                var("LOCKTEST_POSTGRES_URL"),
+                ctx.name("forbidden"),
+            ))
+        })
+        .case("phase_three_check", |ctx| {
+            Box::pin(phase_three_check(
+                "LOCKTEST_POSTGRES_URL",
+                ctx.name("phase3"),
+            ))
+        })
+        .case("offset_keeps_tokens_rising", |ctx| {
+            Box::pin(offset_keeps_tokens_rising(
+                var("LOCKTEST_REDIS_URL"),
+                migrating("LOCKTEST_POSTGRES_URL"),
+                var("LOCKTEST_POSTGRES_URL"),
                 ctx.name("offset"),
             ))
         }),

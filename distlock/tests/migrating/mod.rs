@@ -15,6 +15,8 @@ const UNREACHABLE: &str = "migrate:redis://127.0.0.1:1|zk://127.0.0.1:1";
 pub(crate) const REDIS_ZK: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ZK_URL"];
 /// The servers a Redis → etcd migration needs.
 pub(crate) const REDIS_ETCD: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_ETCD_URL"];
+/// The servers a Redis → PostgreSQL migration needs.
+pub(crate) const REDIS_POSTGRES: &[&str] = &["LOCKTEST_REDIS_URL", "LOCKTEST_POSTGRES_URL"];
 
 /// An environment variable, or "" when unset.
 pub(crate) fn var(name: &str) -> String {

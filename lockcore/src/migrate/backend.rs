@@ -25,14 +25,19 @@ pub(super) fn weaker_fencing(a: Fencing, b: Fencing) -> Fencing {
     }
 }
 
-/// The weaker of two lease kinds: a connection-kept lease ends with a
-/// connection; a session outlives a broken connection for its timeout; a
-/// ttl outlives both.
-pub(super) fn weaker_lease(a: LeaseKind, b: LeaseKind) -> LeaseKind {
+/// The lease kind of a pair: a session's where either half is one (it
+/// outlives a broken connection for its timeout), else a ttl's where
+/// either half is one; a connection's only where both are. A dead holder's
+/// name stays held as long as the half that keeps it longest: a
+/// connection-kept half ends at once, the other half's ttl or session does
+/// not (while the connection-kept half's server may free its half at once:
+/// a new-only client of that backend can then take the name in that
+/// window, see [`LeaseKind::Connection`]).
+pub(super) fn pair_lease(a: LeaseKind, b: LeaseKind) -> LeaseKind {
     match (a, b) {
-        (LeaseKind::Connection, _) | (_, LeaseKind::Connection) => LeaseKind::Connection,
         (LeaseKind::Session, _) | (_, LeaseKind::Session) => LeaseKind::Session,
-        _ => LeaseKind::Ttl,
+        (LeaseKind::Ttl, _) | (_, LeaseKind::Ttl) => LeaseKind::Ttl,
+        _ => LeaseKind::Connection,
     }
 }
 
@@ -56,7 +61,7 @@ impl Backend for Migrating {
         let (a, b) = (self.old.capabilities(), self.new.capabilities());
         Capabilities::new(
             weaker_fencing(a.fencing, b.fencing),
-            weaker_lease(a.lease, b.lease),
+            pair_lease(a.lease, b.lease),
         )
         .fair(a.fair && b.fair)
         .push_wakeup(a.push_wakeup && b.push_wakeup)

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::raw::sync::lock;
 use crate::raw::{AcquireRequest, Backend, Grant};
 
-use super::backend::{weaker_fencing, weaker_lease};
+use super::backend::{weaker_fencing, pair_lease};
 use super::Migrating;
 use crate::locker::Locker;
 use crate::memory::MemoryBackend;
@@ -213,8 +213,14 @@ async fn capabilities_are_the_weaker_and_tokens_are_offset() {
         weaker_fencing(Fencing::Strict, Fencing::None),
         Fencing::None
     );
+    // A dead holder's name stays held for the ttl of the half that has
+    // one (the pair's connection-kept half ends at once).
     assert_eq!(
-        weaker_lease(LeaseKind::Ttl, LeaseKind::Connection),
+        pair_lease(LeaseKind::Ttl, LeaseKind::Connection),
+        LeaseKind::Ttl
+    );
+    assert_eq!(
+        pair_lease(LeaseKind::Connection, LeaseKind::Connection),
         LeaseKind::Connection
     );
 }
