@@ -54,7 +54,7 @@ mod sql;
 
 pub use config::{PostgresConfig, SslMode, NAME, SCHEMES};
 pub use core::PostgresBackend;
-pub use sql::schema_sql;
+pub use sql::{lock_statements, schema_sql};
 
 use lockcore::Locker;
 

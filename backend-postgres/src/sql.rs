@@ -119,6 +119,22 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
     p
 }
 
+/// The two statements of an uncontended acquire and release of a lock in
+/// `table`, as this backend sends them (for a DBA, and for the benchmark
+/// that runs them on raw sqlx): the try, with parameters name, owner,
+/// value and idle timeout in ms, answering `(taken, fence, _)`; the
+/// release, with parameters name and owner, answering `(released, _)`.
+///
+/// ```
+/// let (try_lock, release) = lockcore_postgres::lock_statements("lockcore_locks");
+/// assert!(try_lock.contains("pg_try_advisory_lock(hashtextextended($1, 0))"));
+/// assert!(release.contains("pg_advisory_unlock(hashtextextended($1, 0))"));
+/// ```
+pub fn lock_statements(table: &str) -> (String, String) {
+    let s = Sql::new(table);
+    (s.try_lock, s.release)
+}
+
 /// The SQL that [`connect`](crate::connect) runs with `ensure_schema` (the
 /// default), for a DBA who creates the table in advance.
 ///

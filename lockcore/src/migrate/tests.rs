@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::raw::sync::lock;
 use crate::raw::{AcquireRequest, Backend, Grant};
 
-use super::backend::{weaker_fencing, pair_lease};
+use super::backend::{pair_lease, weaker_fencing};
 use super::Migrating;
 use crate::locker::Locker;
 use crate::memory::MemoryBackend;
