@@ -15,11 +15,7 @@ use crate::conn::{ask, LockConn};
 use crate::core::PostgresBackend;
 use crate::error::{code, map_err, session_gone, sqlstate};
 use crate::lease::PgLease;
-
-/// A ttl as the `idle_session_timeout` it sets, in milliseconds.
-pub(crate) fn ttl_ms(ttl: Duration) -> String {
-    ttl.as_millis().max(1).to_string()
-}
+use crate::sql::ttl_ms;
 
 /// What one try on a connection gave.
 enum Tried {

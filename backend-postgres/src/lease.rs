@@ -10,10 +10,10 @@ use lockcore::raw::held_conn::HeldConn;
 use lockcore::raw::prelude::*;
 use sqlx::AssertSqlSafe;
 
-use crate::backend::ttl_ms;
 use crate::config::NAME;
 use crate::conn::{LockConn, Shared};
 use crate::error::{map_err, session_gone};
+use crate::sql::ttl_ms;
 
 /// The lease of one held lock.
 #[derive(Debug)]

@@ -7,6 +7,13 @@
 //! library holds it, the holder's owner token, server process id, since
 //! and value.
 
+use std::time::Duration;
+
+/// A ttl as the `idle_session_timeout` it sets, in milliseconds.
+pub(crate) fn ttl_ms(ttl: Duration) -> String {
+    ttl.as_millis().max(1).to_string()
+}
+
 /// The fencing token of a new holder: one more than the name's counter,
 /// and at least the server's clock in microseconds (a counter that went
 /// back, a table restored from a backup, still gives rising tokens).

@@ -40,7 +40,8 @@ use tracing_subscriber::EnvFilter;
 struct Cli {
     /// The lock backend, e.g. redis://127.0.0.1:6379, redis+sentinel://s1:26379,s2:26379/MASTER,
     /// zk://h1:2181,h2:2181/app,
-    /// etcd://127.0.0.1:2379, mysql://user:pass@host/db, memory:// (this process only),
+    /// etcd://127.0.0.1:2379, mysql://user:pass@host/db, postgres://user:pass@host/db,
+    /// memory:// (this process only),
     /// migrate:OLD|NEW[#fence_offset=N] (both at once, while a fleet moves from OLD to NEW).
     #[arg(long, env = "DISTLOCK_URL", global = true, hide_env_values = true)]
     url: Option<String>,
@@ -207,7 +208,7 @@ fn main() -> ExitCode {
             Command::Run(_) | Command::Elect(_) | Command::Leader(_)
         )
     {
-        crate::out::warn_line!("distlock: memory:// lives in one process and cannot exclude other processes: give run, elect and leader a server's URL (redis://, zk://, etcd://, mysql://)");
+        crate::out::warn_line!("distlock: memory:// lives in one process and cannot exclude other processes: give run, elect and leader a server's URL (redis://, zk://, etcd://, mysql://, postgres://)");
         return ExitCode::from(exit::USAGE);
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
