@@ -1,7 +1,8 @@
 //! Migration phases across processes, with real servers: old-only with
 //! migrating clients, and migrating with new-only clients, contending for
 //! a few names (workers killed and replaced now and then); the history of
-//! every process shows no overlap. Redis → ZooKeeper and Redis → etcd.
+//! every process shows no overlap. Redis → ZooKeeper, Redis → etcd and
+//! Redis → PostgreSQL.
 //! One case at a time: each starts its own worker processes.
 
 // Test code: a failed expectation is a failed case.
@@ -11,7 +12,7 @@ use lockcore_conformance::{run_serial, Ctx, Soak};
 
 mod migrating;
 
-use migrating::{migrating, target, var, REDIS_ETCD, REDIS_ZK};
+use migrating::{migrating, target, var, REDIS_ETCD, REDIS_POSTGRES, REDIS_ZK};
 
 /// Soak workers of two kinds on one set of names; the history of every
 /// process must show no overlap (tokens come from two backends, so only
@@ -36,6 +37,10 @@ fn main() -> std::process::ExitCode {
         target("old-redis", REDIS_ZK, || var("LOCKTEST_REDIS_URL")).only_own_cases(),
         target("new-zk", REDIS_ZK, || var("LOCKTEST_ZK_URL")).only_own_cases(),
         target("new-etcd", REDIS_ETCD, || var("LOCKTEST_ETCD_URL")).only_own_cases(),
+        target("new-postgres", REDIS_POSTGRES, || {
+            var("LOCKTEST_POSTGRES_URL")
+        })
+        .only_own_cases(),
         target("redis-zk", REDIS_ZK, || migrating("LOCKTEST_ZK_URL"))
             .only_own_cases()
             .case("old_only_with_migrating", |ctx| {
@@ -52,5 +57,15 @@ fn main() -> std::process::ExitCode {
             .case("migrating_with_new_only", |ctx| {
                 Box::pin(mixed(ctx, ["redis-etcd", "new-etcd"]))
             }),
+        target("redis-postgres", REDIS_POSTGRES, || {
+            migrating("LOCKTEST_POSTGRES_URL")
+        })
+        .only_own_cases()
+        .case("old_only_with_migrating", |ctx| {
+            Box::pin(mixed(ctx, ["old-redis", "redis-postgres"]))
+        })
+        .case("migrating_with_new_only", |ctx| {
+            Box::pin(mixed(ctx, ["redis-postgres", "new-postgres"]))
+        }),
     ])
 }
