@@ -345,14 +345,9 @@ mod tests {
             .await
             .unwrap();
         let g = m.lock("x").await.unwrap();
-        assert!(
-            old.try_lock("x").await.unwrap().is_none(),
-            "held on the old"
-        );
-        assert!(
-            new.try_lock("x").await.unwrap().is_none(),
-            "held on the new"
-        );
+        for (side, on) in [(&old, "the old"), (&new, "the new")] {
+            assert!(side.try_lock("x").await.unwrap().is_none(), "held on {on}");
+        }
         assert!(g.fence().unwrap() > 7);
         g.release().await.unwrap();
 
