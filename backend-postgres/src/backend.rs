@@ -15,7 +15,22 @@ use crate::conn::{ask, LockConn};
 use crate::core::PostgresBackend;
 use crate::error::{code, map_err, session_gone, sqlstate};
 use crate::lease::PgLease;
-use crate::sql::ttl_ms;
+use crate::sql::{ttl_ms, Kind};
+
+/// How `mode` is taken here: locks and a read-write lock's two roles;
+/// semaphores are built from locks.
+fn kind_of(mode: Mode) -> Result<Kind> {
+    match mode {
+        Mode::Exclusive => Ok(Kind::Lock),
+        // (asked only with `rwlock=shared`, the default)
+        Mode::Read => Ok(Kind::Reader),
+        Mode::Write => Ok(Kind::Writer),
+        _ => Err(Error::invalid_config(
+            NAME,
+            "semaphores are built from locks on PostgreSQL",
+        )),
+    }
+}
 
 /// What one try on a connection gave.
 enum Tried {
@@ -38,6 +53,7 @@ impl Backend for PostgresBackend {
             .push_wakeup(true)
             .inspect(true)
             .values(true)
+            .rw_layout(self.shared.cfg.rwlock)
     }
 
     /// # Cancel safety
@@ -46,16 +62,11 @@ impl Backend for PostgresBackend {
     /// its server session (`pg_terminate_backend`, in the background), with
     /// the lock it took or waited for.
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Grant>> {
-        if req.mode != Mode::Exclusive {
-            return Err(Error::invalid_config(
-                NAME,
-                "read-write locks and semaphores are built from locks on PostgreSQL",
-            ));
-        }
+        let kind = kind_of(req.mode)?;
         let sh = &self.shared;
         let (mut c, mut reused) = sh.lock_conn().await?;
         let c = loop {
-            match self.try_on(c, &req).await? {
+            match self.try_on(c, &req, kind).await? {
                 Tried::Granted(g) => return Ok(Some(g)),
                 Tried::Held(c) => break c,
                 // An idle connection the server closed meanwhile (a
@@ -73,7 +84,7 @@ impl Backend for PostgresBackend {
             return Ok(None);
         }
         waiting();
-        self.wait_on(c, &req).await
+        self.wait_on(c, &req, kind).await
     }
 
     /// # Cancel safety
@@ -91,6 +102,16 @@ impl Backend for PostgresBackend {
             .await
             .map(Some)
     }
+
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn inspect_role(&self, name: &str, role: Role) -> Result<Option<Vec<HolderInfo>>> {
+        if self.shared.cfg.rwlock != Layout::Native {
+            return Ok(None);
+        }
+        crate::holder::rw_holders(&self.shared, name, role).await
+    }
 }
 
 impl PostgresBackend {
@@ -104,18 +125,19 @@ impl PostgresBackend {
 
     /// One try on `c`: granted (counter advanced, holder named, idle timeout
     /// set, all in one statement), or held by another session.
-    async fn try_on(&self, mut c: LockConn, req: &AcquireRequest<'_>) -> Result<Tried> {
+    async fn try_on(&self, mut c: LockConn, req: &AcquireRequest<'_>, kind: Kind) -> Result<Tried> {
         let sh = &self.shared;
         let owner = req.owner.to_string();
         let undo = self.end_if_dropped(c.pid);
         let sent = Instant::now();
         let trying = sqlx::query_as::<_, (bool, Option<i64>, Option<String>)>(AssertSqlSafe(
-            sh.sql.try_lock.as_str(),
+            sh.sql.taking(kind).try_lock.as_str(),
         ))
         .bind(req.name)
         .bind(&owner)
         .bind(req.value)
         .bind(ttl_ms(req.ttl))
+        .bind(kind.row(req.name))
         .fetch_one(&mut c.conn);
         let limit = sh.cfg.request_timeout;
         let r = match tokio::time::timeout(limit, trying).await {
@@ -138,7 +160,7 @@ impl PostgresBackend {
         match r {
             Ok((true, Some(fence), _)) => {
                 undo.disarm();
-                Ok(Tried::Granted(self.grant(c, req, fence, sent)?))
+                Ok(Tried::Granted(self.grant(c, req, kind, fence, sent)?))
             }
             Ok((false, _, _)) => {
                 undo.disarm();
@@ -165,7 +187,12 @@ impl PostgresBackend {
 
     /// Waits in the server's queue on `c` until `req`'s deadline, then
     /// advances the counter and names the holder.
-    async fn wait_on(&self, mut c: LockConn, req: &AcquireRequest<'_>) -> Result<Option<Grant>> {
+    async fn wait_on(
+        &self,
+        mut c: LockConn,
+        req: &AcquireRequest<'_>,
+        kind: Kind,
+    ) -> Result<Option<Grant>> {
         let sh = &self.shared;
         let undo = self.end_if_dropped(c.pid);
         let (wait_ms, limit) = match req.deadline {
@@ -180,7 +207,7 @@ impl PostgresBackend {
             }
             Deadline::Never | Deadline::Now => ("0".to_owned(), None),
         };
-        let waited = sqlx::query(sh.sql.wait_lock)
+        let waited = sqlx::query(AssertSqlSafe(sh.sql.taking(kind).wait_lock.as_str()))
             .bind(req.name)
             .bind(wait_ms)
             .execute(&mut c.conn);
@@ -221,19 +248,20 @@ impl PostgresBackend {
             sh.cfg.request_timeout,
             false,
             sqlx::query_as::<_, (Option<i64>, Option<String>)>(AssertSqlSafe(
-                sh.sql.granted.as_str(),
+                sh.sql.taking(kind).granted.as_str(),
             ))
             .bind(req.name)
             .bind(&owner)
             .bind(req.value)
             .bind(ttl_ms(req.ttl))
+            .bind(kind.row(req.name))
             .fetch_one(&mut c.conn),
         )
         .await;
         match r {
             Ok((Some(fence), _)) => {
                 undo.disarm();
-                self.grant(c, req, fence, sent).map(Some)
+                self.grant(c, req, kind, fence, sent).map(Some)
             }
             Ok((None, _)) => {
                 drop(c);
@@ -273,6 +301,7 @@ impl PostgresBackend {
         &self,
         c: LockConn,
         req: &AcquireRequest<'_>,
+        kind: Kind,
         fence: i64,
         sent: Instant,
     ) -> Result<Grant> {
@@ -284,7 +313,7 @@ impl PostgresBackend {
             lease: Box::new(PgLease::new(
                 Arc::clone(&self.shared),
                 c,
-                req.name,
+                (req.name, kind),
                 req.owner.to_string(),
             )),
             fence: Some(fence),

@@ -11,6 +11,7 @@
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
 //! | `ensure_schema` | `true` | create the table if missing when connecting (see [`crate::schema_sql`]) |
+//! | `rwlock` | `shared` | the layout of a read-write lock: `shared` (readers take the shared advisory lock on `hashtextextended(name, 1)`, a writer the exclusive one, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those. Every client of a name must use the same |
 //! | `sslmode` | `disable` | `disable`, `prefer`, `require`, `verify-ca` or `verify-full`; anything but `disable` needs the crate's `tls` feature |
 //! | `sslrootcert` | | a PEM file of root certificates for `verify-ca` and `verify-full` |
 
@@ -69,6 +70,10 @@ pub struct PostgresConfig {
     pub request_timeout: Duration,
     /// Whether [`connect`](crate::connect) creates the table if missing.
     pub ensure_schema: bool,
+    /// The layout of a read-write lock: shared and exclusive advisory locks
+    /// ([`Layout::Native`](lockcore::Layout::Native), the default) or built
+    /// from locks ([`Layout::Built`](lockcore::Layout::Built)).
+    pub rwlock: lockcore::Layout,
     /// How the connection is encrypted.
     pub ssl_mode: SslMode,
     /// Root certificates (PEM) for [`SslMode::VerifyCa`] and
@@ -106,6 +111,7 @@ impl PostgresConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             ensure_schema: true,
+            rwlock: lockcore::Layout::Native,
             ssl_mode: SslMode::Disable,
             ssl_root_cert: None,
         }
@@ -171,6 +177,17 @@ impl PostgresConfig {
         }
         if let Some(b) = o.boolean("ensure_schema").map_err(&bad)? {
             cfg.ensure_schema = b;
+        }
+        if let Some(v) = o.string("rwlock") {
+            cfg.rwlock = match v.as_str() {
+                "shared" => lockcore::Layout::Native,
+                "built" => lockcore::Layout::Built,
+                _ => {
+                    return Err(bad(format!(
+                        "option rwlock={v:?}: expected shared or built"
+                    )))
+                }
+            };
         }
         if let Some(v) = o.string("sslmode") {
             cfg.ssl_mode = match v.as_str() {

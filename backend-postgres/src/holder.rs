@@ -9,7 +9,7 @@ use lockcore::raw::prelude::*;
 use sqlx::AssertSqlSafe;
 
 use crate::conn::{ask, Shared};
-use crate::sql::like_prefix;
+use crate::sql::{like_prefix, Kind};
 
 /// The holder and the waiters of `name`. A holder that is not a client of
 /// this library (`psql`, another program) is reported without an owner.
@@ -19,7 +19,7 @@ use crate::sql::like_prefix;
 /// Cancel safe: it only reads.
 pub(crate) async fn inspect(sh: &Shared, name: &str) -> Result<LockInfo> {
     let limit = sh.cfg.request_timeout;
-    let lockers: Vec<(bool, Option<i32>)> = ask(
+    let lockers: Vec<(bool, Option<i32>, Option<String>)> = ask(
         sh,
         "reading pg_locks",
         limit,
@@ -30,10 +30,18 @@ pub(crate) async fn inspect(sh: &Shared, name: &str) -> Result<LockInfo> {
     )
     .await
     .map_err(|e| e.with_name(name))?;
-    let waiters = lockers.iter().filter(|(granted, _)| !granted).count();
-    let Some(&(_, pid)) = lockers.iter().find(|(granted, _)| *granted) else {
+    let waiters = lockers.iter().filter(|(granted, ..)| !granted).count();
+    let Some(&(_, pid, _)) = lockers.iter().find(|(granted, ..)| *granted) else {
         return Ok(LockInfo::new(None, Some(waiters)));
     };
+    let holder = holder_of(sh, name, pid).await?;
+    Ok(LockInfo::new(Some(holder), Some(waiters)))
+}
+
+/// The holder of row `row` if it is server process `pid`; one without an
+/// owner where the row does not name it (a client not of this library).
+async fn holder_of(sh: &Shared, row: &str, pid: Option<i32>) -> Result<HolderInfo> {
+    let (name, limit) = (row, sh.cfg.request_timeout);
     let row: Option<(String, i64, Option<String>, Option<i64>)> = match pid {
         Some(pid) => ask(
             sh,
@@ -60,7 +68,49 @@ pub(crate) async fn inspect(sh: &Shared, name: &str) -> Result<LockInfo> {
         }
         None => HolderInfo::new(None, None, None),
     };
-    Ok(LockInfo::new(Some(holder), Some(waiters)))
+    Ok(holder)
+}
+
+/// The readers or the writer of read-write lock `name`, from `pg_locks`
+/// (the shared and the exclusive holders of its key); a reader has no
+/// owner of its own, a writer is named by its row.
+///
+/// # Cancel safety
+///
+/// Cancel safe: it only reads.
+pub(crate) async fn rw_holders(
+    sh: &Shared,
+    name: &str,
+    role: Role,
+) -> Result<Option<Vec<HolderInfo>>> {
+    let lockers: Vec<(bool, Option<i32>, Option<String>)> = ask(
+        sh,
+        "reading pg_locks",
+        sh.cfg.request_timeout,
+        false,
+        sqlx::query_as(AssertSqlSafe(sh.sql.rw_lockers.as_str()))
+            .bind(name)
+            .fetch_all(&sh.aux),
+    )
+    .await
+    .map_err(|e| e.with_name(name))?;
+    let held = lockers.into_iter().filter(|(granted, ..)| *granted);
+    Ok(Some(match role {
+        Role::Reader => held
+            .filter(|(_, _, mode)| mode.as_deref() == Some("ShareLock"))
+            .map(|_| HolderInfo::new(None, None, None))
+            .collect(),
+        Role::Writer => {
+            let mut out = Vec::new();
+            for (_, pid, mode) in held {
+                if mode.as_deref() == Some("ExclusiveLock") {
+                    out.push(holder_of(sh, &Kind::Writer.row(name), pid).await?);
+                }
+            }
+            out
+        }
+        _ => return Ok(None),
+    }))
 }
 
 /// Names starting with `prefix` held by clients of this library, at most

@@ -13,7 +13,7 @@ use sqlx::AssertSqlSafe;
 use crate::config::NAME;
 use crate::conn::{LockConn, Shared};
 use crate::error::{map_err, session_gone};
-use crate::sql::ttl_ms;
+use crate::sql::{ttl_ms, Kind};
 
 /// The lease of one held lock.
 #[derive(Debug)]
@@ -21,16 +21,23 @@ pub(crate) struct PgLease {
     held: HeldConn<LockConn>,
     shared: Arc<Shared>,
     name: String,
+    kind: Kind,
     owner: String,
 }
 
 impl PgLease {
-    /// The lease of `name` held by `owner` on `conn`.
-    pub(crate) fn new(shared: Arc<Shared>, conn: LockConn, name: &str, owner: String) -> Self {
+    /// The lease of `name` taken as `kind` by `owner` on `conn`.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        conn: LockConn,
+        (name, kind): (&str, Kind),
+        owner: String,
+    ) -> Self {
         PgLease {
             held: HeldConn::new(NAME, conn),
             shared,
             name: name.to_owned(),
+            kind,
             owner,
         }
     }
@@ -109,11 +116,13 @@ impl BackendLease for PgLease {
         let Some(mut c) = taken else {
             return Ok(Released::NotHeld);
         };
-        let releasing =
-            sqlx::query_as::<_, (bool, Option<String>)>(AssertSqlSafe(sh.sql.release.as_str()))
-                .bind(&self.name)
-                .bind(&self.owner)
-                .fetch_one(&mut c.conn);
+        let releasing = sqlx::query_as::<_, (bool, Option<String>)>(AssertSqlSafe(
+            sh.sql.taking(self.kind).release.as_str(),
+        ))
+        .bind(&self.name)
+        .bind(&self.owner)
+        .bind(self.kind.row(&self.name))
+        .fetch_one(&mut c.conn);
         match tokio::time::timeout(sh.cfg.request_timeout, releasing).await {
             Ok(Ok((true, _))) => {
                 sh.give_back(c);

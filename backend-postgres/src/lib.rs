@@ -26,7 +26,10 @@
 //! crashed holder (its increment was committed before it was told) and a
 //! server restart. The same row names the holder (owner, server process,
 //! since, value) for [`inspect`](lockcore::Locker::inspect) and elections.
-//! Read-write locks and semaphores are built from locks.
+//! A read-write lock's readers take the shared advisory lock on
+//! `hashtextextended(name, 1)` and its writer the exclusive one (readers
+//! advance the writer's counter row, `name || chr(1) || 'rw'`, so their
+//! tokens sit between writers'); semaphores are built from locks.
 //!
 //! How many locks one client can hold or await at once is bounded by the
 //! server's `max_connections` (100 by default), less its other clients:

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{ErrorKind, LockOptions, Wait};
 use lockcore_conformance::own_cases;
+use lockcore_conformance::scenarios::rw_beside_a_foreign_hold;
 use lockcore_conformance::{
     compose, run_serial, soak_pausing, ConnectFuture, Ctx, Target, UndoOnDrop, UrlHarness,
     COMPOSE_HINT,
@@ -102,6 +103,52 @@ async fn a_raw_advisory_lock_and_ours_exclude_each_other(ctx: Ctx) {
         .await
         .unwrap();
     assert!(got, "the name is free for a raw client after our release");
+}
+
+/// A plain SQL session's shared and exclusive advisory locks on
+/// `hashtextextended(name, 1)` are a read-write lock's reader and writer:
+/// our reader shares with the first, and neither of ours gets in beside
+/// the second; `inspect` shows each.
+async fn shared_and_exclusive_locks_from_sql_are_readers_and_writers(ctx: Ctx) {
+    let l = ctx.locker().await;
+    let name = ctx.name("rw-sql");
+    let rw = lockcore::RwLock::new(&l, &name).expect("rwlock");
+    for (f, reads_beside) in [
+        ("pg_advisory_lock_shared", true),
+        ("pg_advisory_lock", false),
+    ] {
+        let mut sql = admin(&ctx).await;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {f}(hashtextextended($1, 1))"
+        )))
+        .bind(&name)
+        .execute(&mut sql)
+        .await
+        .unwrap();
+        rw_beside_a_foreign_hold(&rw, reads_beside, f).await;
+        let h = l.holdings(&name).await.unwrap();
+        assert_eq!(h.readers.len(), usize::from(reads_beside), "{f}: {h:?}");
+        assert_eq!(h.writer.is_some(), !reads_beside, "{f}: {h:?}");
+        drop(sql);
+        let wait = LockOptions::new().wait(Wait::For(Duration::from_secs(5)));
+        let w = rw
+            .write(&wait)
+            .await
+            .unwrap()
+            .expect("free once the SQL session ended");
+        w.release().await.unwrap();
+    }
+    // And ours is a reader and a writer to plain SQL.
+    let r = rw.try_read().await.unwrap().expect("free");
+    let mut sql = admin(&ctx).await;
+    let try_x = |f: &'static str| format!("SELECT {f}(hashtextextended($1, 1))");
+    let got: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(try_x("pg_try_advisory_lock")))
+        .bind(&name)
+        .fetch_one(&mut sql)
+        .await
+        .unwrap();
+    assert!(!got, "a plain writer beside our reader");
+    r.release().await.unwrap();
 }
 
 /// The server killed (every session process) and started again under a
@@ -263,6 +310,7 @@ fn main() -> std::process::ExitCode {
             .hint(COMPOSE_HINT)
             .only_own_cases(),
             a_raw_advisory_lock_and_ours_exclude_each_other,
+            shared_and_exclusive_locks_from_sql_are_readers_and_writers,
             restart_under_a_holder,
             stalled_holder_is_timed_out_by_server,
             a_dropped_wait_leaves_the_servers_queue,
