@@ -37,6 +37,7 @@ async fn raw_pairs(url: &str, name: &str, until: Instant) -> u64 {
                 .bind(owner)
                 .bind(None::<&str>)
                 .bind("30000")
+                .bind(name)
                 .fetch_one(&mut c)
                 .await
                 .unwrap();
@@ -44,6 +45,7 @@ async fn raw_pairs(url: &str, name: &str, until: Instant) -> u64 {
         let (released, _): (bool, Option<String>) = sqlx::query_as(AssertSqlSafe(release.as_str()))
             .bind(name)
             .bind(owner)
+            .bind(name)
             .fetch_one(&mut c)
             .await
             .unwrap();

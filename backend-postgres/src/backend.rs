@@ -116,10 +116,10 @@ impl Backend for PostgresBackend {
 
 impl PostgresBackend {
     /// Ends `pid`'s session if the acquisition on it is dropped.
-    fn end_if_dropped(&self, pid: i32) -> CleanupOnDrop {
+    fn end_if_dropped(&self, session: (i32, i64)) -> CleanupOnDrop {
         let sh = self.shared.clone();
         CleanupOnDrop::new("end a dropped acquisition's server session", async move {
-            sh.terminate(pid).await;
+            sh.terminate(session).await;
         })
     }
 
@@ -128,7 +128,7 @@ impl PostgresBackend {
     async fn try_on(&self, mut c: LockConn, req: &AcquireRequest<'_>, kind: Kind) -> Result<Tried> {
         let sh = &self.shared;
         let owner = req.owner.to_string();
-        let undo = self.end_if_dropped(c.pid);
+        let undo = self.end_if_dropped((c.pid, c.started));
         let sent = Instant::now();
         let trying = sqlx::query_as::<_, (bool, Option<i64>, Option<String>)>(AssertSqlSafe(
             sh.sql.taking(kind).try_lock.as_str(),
@@ -143,7 +143,8 @@ impl PostgresBackend {
         let r = match tokio::time::timeout(limit, trying).await {
             Ok(Err(e)) if session_gone(&e) => {
                 drop(c);
-                drop(undo);
+                // The session is gone already: nothing to end.
+                undo.disarm();
                 return Ok(Tried::Gone(
                     map_err(e, "trying the lock", &sh.server).with_name(req.name),
                 ));
@@ -194,7 +195,7 @@ impl PostgresBackend {
         kind: Kind,
     ) -> Result<Option<Grant>> {
         let sh = &self.shared;
-        let undo = self.end_if_dropped(c.pid);
+        let undo = self.end_if_dropped((c.pid, c.started));
         let (wait_ms, limit) = match req.deadline {
             Deadline::At(t) => {
                 let left = t
@@ -210,6 +211,7 @@ impl PostgresBackend {
         let waited = sqlx::query(AssertSqlSafe(sh.sql.taking(kind).wait_lock.as_str()))
             .bind(req.name)
             .bind(wait_ms)
+            .bind(ttl_ms(req.ttl))
             .execute(&mut c.conn);
         let waited = match limit {
             Some(limit) => tokio::time::timeout(limit, waited).await.map_err(|_| limit),

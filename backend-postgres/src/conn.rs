@@ -35,6 +35,9 @@ const CLIENT_CHECK_MS: &str = "250";
 pub(crate) struct LockConn {
     pub(crate) conn: PgConnection,
     pub(crate) pid: i32,
+    /// When its server process started (µs since 1970): with `pid`, it
+    /// names the session (pids are reused).
+    pub(crate) started: i64,
 }
 
 impl fmt::Debug for LockConn {
@@ -173,15 +176,19 @@ impl Shared {
                 ))
             }
         };
-        let pid: i32 = ask(
+        let (pid, started): (i32, i64) = ask(
             self,
             "reading the session's process id",
             self.cfg.request_timeout,
             false,
-            sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut conn),
+            sqlx::query_as(
+                "SELECT pid, floor(extract(epoch FROM backend_start) * 1000000)::bigint \
+                 FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+            )
+            .fetch_one(&mut conn),
         )
         .await?;
-        Ok(LockConn { conn, pid })
+        Ok(LockConn { conn, pid, started })
     }
 
     /// Keeps `c`, which holds no lock and has no idle timeout, for reuse
@@ -201,7 +208,7 @@ impl Shared {
     ///
     /// A dropped call may not have ended it; the server then ends it when
     /// it sees the connection closed (`client_connection_check_interval`).
-    pub(crate) async fn terminate(&self, pid: i32) {
+    pub(crate) async fn terminate(&self, (pid, started): (i32, i64)) {
         let r = ask(
             self,
             "ending a dropped wait's session",
@@ -209,9 +216,11 @@ impl Shared {
             true,
             sqlx::query(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE pid = $1 AND application_name = 'lockcore'",
+                 WHERE pid = $1 AND application_name = 'lockcore' \
+                 AND floor(extract(epoch FROM backend_start) * 1000000)::bigint = $2",
             )
             .bind(pid)
+            .bind(started)
             .execute(&self.aux),
         )
         .await;

@@ -67,7 +67,10 @@ pub(crate) struct Taking {
     pub(crate) try_lock: String,
     /// Waits in the server's queue for the lock of `$1`, at most `$2` ms
     /// (`lock_timeout`, 0: no bound), and sets `lock_timeout` back to 0
-    /// once it holds it.
+    /// once it holds it. The session's `idle_session_timeout` is the ttl
+    /// (`$3` ms) from before the wait (rolled back with a wait that fails):
+    /// a waiter granted the lock that never comes back for it (frozen,
+    /// gone) loses it within the ttl.
     pub(crate) wait_lock: String,
     /// After [`Taking::wait_lock`]: the counter and the holder's row as
     /// [`Taking::try_lock`] writes them (same parameters), and the idle
@@ -126,7 +129,8 @@ impl Taking {
             wait_lock: format!(
                 "SELECT set_config('lock_timeout', '0', false) FROM \
                  (SELECT pg_advisory_lock{shared}({key}) FROM \
-                 (SELECT set_config('lock_timeout', $2, false) OFFSET 0) a OFFSET 0) x"
+                 (SELECT set_config('lock_timeout', $2, false), \
+                 set_config('idle_session_timeout', $3, false) OFFSET 0) a OFFSET 0) x"
             ),
             granted: format!(
                 "WITH u AS ({}) SELECT (SELECT fence FROM u), set_config('idle_session_timeout', $4, false)",
@@ -219,8 +223,9 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
 /// The two statements of an uncontended acquire and release of a lock in
 /// `table`, as this backend sends them (for a DBA, and for the benchmark
 /// that runs them on raw sqlx): the try, with parameters name, owner,
-/// value and idle timeout in ms, answering `(taken, fence, _)`; the
-/// release, with parameters name and owner, answering `(released, _)`.
+/// value, idle timeout in ms and the name's row (the name itself, for a
+/// lock), answering `(taken, fence, _)`; the release, with parameters
+/// name, owner and row, answering `(released, _)`.
 ///
 /// ```
 /// let (try_lock, release) = lockcore_postgres::lock_statements("lockcore_locks");
