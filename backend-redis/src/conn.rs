@@ -28,8 +28,15 @@ impl std::fmt::Debug for Conn {
 /// `EVALSHA <script's hash> <keys>`, for its keys and arguments to be
 /// added (keys first): one buffer for them all, not one per argument.
 pub(crate) fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
-    let mut call = redis::cmd("EVALSHA");
-    call.arg(script.get_hash()).arg(keys);
+    evalsha_sized(script, keys, 0, 0)
+}
+
+/// [`evalsha`] with room made for `args` more arguments of `bytes` bytes
+/// in all: a call over hundreds of keys is built without growing its
+/// buffer again and again.
+pub(crate) fn evalsha_sized(script: &Script, keys: usize, args: usize, bytes: usize) -> redis::Cmd {
+    let mut call = redis::Cmd::with_capacity(3 + args, 64 + bytes);
+    call.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     call
 }
 

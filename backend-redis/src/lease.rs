@@ -78,16 +78,14 @@ impl BackendLease for RedisLease {
     /// Cancel safe: a dropped renewal at most extended the lease.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let sent = Instant::now();
-        let ttl_arg = ttl_ms(ttl);
-        let args = [self.token.as_str(), ttl_arg.as_str()];
         let renewing = match self.with_value {
             Some(fence) => {
-                let (keep, fence) = (ttl_ms(FENCE_KEEP), fence.to_string());
+                let (ttl_arg, keep, fence) = (ttl_ms(ttl), ttl_ms(FENCE_KEEP), fence.to_string());
                 self.conn
                     .script_synced(
                         &RENEW_WITH_VALUE,
                         &[&self.keys.lock, &self.keys.value, &self.keys.fence],
-                        &[args[0], args[1], &keep, &fence],
+                        &[&self.token, &ttl_arg, &keep, &fence],
                         self.sync,
                     )
                     .await
@@ -102,6 +100,8 @@ impl BackendLease for RedisLease {
                     .await
                     .map(|r| (r.max(0), u32::MAX)),
                 None => {
+                    let ttl_arg = ttl_ms(ttl);
+                    let args = [self.token.as_str(), ttl_arg.as_str()];
                     self.conn
                         .script_synced(&RENEW, &[&self.keys.lock], &args, self.sync)
                         .await

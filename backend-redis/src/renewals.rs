@@ -26,7 +26,7 @@ use redis::RedisResult;
 use tokio::sync::oneshot;
 
 use crate::config::NAME;
-use crate::conn::{evalsha, Conn};
+use crate::conn::{evalsha_sized, Conn};
 use crate::managed::Managed;
 use crate::scripts::RENEW_MANY;
 
@@ -184,7 +184,12 @@ async fn renew_batch(conn: &Conn, batch: Vec<Renew>, one_each: &AtomicBool) {
 /// One [`RENEW_MANY`] call for `batch`; answers each renewal, or gives the
 /// batch back when the server refused its keys of several slots.
 async fn renew_call(conn: &Conn, batch: Vec<Renew>) -> Option<Vec<Renew>> {
-    let mut call = evalsha(&RENEW_MANY, batch.len());
+    // Each key, its token and its ttl (at most 20 digits).
+    let bytes = batch
+        .iter()
+        .map(|r| r.lease.key.len() + r.lease.token.len() + 20)
+        .sum();
+    let mut call = evalsha_sized(&RENEW_MANY, batch.len(), 3 * batch.len(), bytes);
     for r in &batch {
         call.arg(r.lease.key.as_str());
     }

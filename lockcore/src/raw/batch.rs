@@ -9,12 +9,15 @@
 //! milliseconds: nothing, against validity counted from when it asked.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use tokio::runtime::Handle;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 
 use crate::raw::sync::lock;
 
@@ -198,8 +201,10 @@ impl<T: Waiting> Batches<T> {
     }
 }
 
-/// The batching task: gathers, then hands each batch to `call` in a task
-/// of its own, while at most `in_flight` are out.
+/// The batching task: gathers, then runs each batch's `call` among its
+/// own futures (not a task each: a spawned task wakes another worker
+/// thread), at most `in_flight` at once, and finishes those in flight
+/// when every sender is gone.
 async fn run<T, C, Fut>(
     mut rx: mpsc::UnboundedReceiver<T>,
     call: C,
@@ -211,30 +216,47 @@ async fn run<T, C, Fut>(
     C: Fn(Vec<T>) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(in_flight));
-    while let Some(first) = rx.recv().await {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
+    let mut calls = FuturesUnordered::new();
+    loop {
+        // The next request, once fewer than `in_flight` calls are out;
+        // the calls go on meanwhile.
+        let first = tokio::select! {
+            biased;
+            Some(()) = calls.next(), if !calls.is_empty() => continue,
+            got = rx.recv(), if calls.len() < in_flight => match got {
+                Some(first) => first,
+                None => break,
+            },
         };
         let most = most.load(Ordering::Relaxed).max(1);
         let mut batch = Vec::with_capacity(most.min(1024));
         batch.push(first);
         take_queued(&mut rx, &mut batch, most);
-        if batch.len() < most {
+        if batch.len() < most && !window.is_zero() {
             // Not full: let the requests asked just after join.
-            tokio::time::sleep(window).await;
+            let wait = tokio::time::sleep(window);
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(()) = calls.next(), if !calls.is_empty() => {}
+                    () = &mut wait => break,
+                }
+            }
             take_queued(&mut rx, &mut batch, most);
         }
         batch.retain(|c| !c.gave_up());
-        if batch.is_empty() {
-            continue;
+        if !batch.is_empty() {
+            // A call that panics fails its own batch's requests (their
+            // answers are dropped), not the task and the others'.
+            calls.push(AssertUnwindSafe(call(batch)).catch_unwind().map(|done| {
+                if done.is_err() {
+                    tracing::error!("a batched call panicked; its requests fail");
+                }
+            }));
         }
-        let sending = call(batch);
-        tokio::spawn(async move {
-            sending.await;
-            drop(slot);
-        });
     }
+    while calls.next().await.is_some() {}
 }
 
 /// Moves queued requests into `batch`, up to `most`, dropping those whose
@@ -304,6 +326,26 @@ mod tests {
         assert_eq!(got, (0..10).collect::<Vec<_>>());
         assert!(sizes.iter().all(|s| *s <= 4), "{sizes:?}");
         assert_eq!(sizes.iter().sum::<usize>(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_call_that_panics_fails_only_its_own_asks() {
+        // One ask a call, two calls at once: the first call panics.
+        let batches = Batches::new(Duration::from_millis(1), 1, 2);
+        let (tx0, rx0) = oneshot::channel();
+        let (tx1, rx1) = oneshot::channel();
+        for ask in [Ask(0, tx0), Ask(1, tx1)] {
+            batches.send(ask, || {
+                |batch: Vec<Ask>| async move {
+                    for Ask(i, reply) in batch {
+                        assert_ne!(i, 0, "the call of ask 0 panics");
+                        let _ = reply.send(i);
+                    }
+                }
+            });
+        }
+        assert!(rx0.await.is_err(), "the panicked call's ask is dropped");
+        assert_eq!(rx1.await.expect("the other call's answer"), 1);
     }
 
     #[tokio::test]

@@ -312,6 +312,11 @@ impl Held {
     /// Renewals run one at a time, so their results apply in the order they
     /// were sent: a slow earlier reply never overwrites a later one.
     pub(crate) async fn renew_now(self: &Arc<Self>, ttl: Option<Duration>) -> Result<()> {
+        self.renew_sent(ttl).await.map(drop)
+    }
+
+    /// [`Held::renew_now`], returning when the renewal was sent.
+    async fn renew_sent(self: &Arc<Self>, ttl: Option<Duration>) -> Result<Instant> {
         let _turn = self.renewing.lock().await;
         if !self.is_held() {
             return Err(self.lost_error("cannot renew"));
@@ -362,7 +367,7 @@ impl Held {
                         *lock(&self.ttl) = t;
                     }
                 }
-                Ok(())
+                Ok(sent)
             }
             Ok(Ok(Renewal::Lost)) => {
                 self.mark_lost(
@@ -386,18 +391,19 @@ impl Held {
     /// when renewal is off); retry a failed renewal with jittered backoff
     /// while the lease is valid; stop once it is lost or released.
     async fn watchdog_check(self: Arc<Self>) -> Option<Instant> {
-        if !self.is_held() {
-            // Released, lost, or its validity deadline passed (is_held raised
-            // the lost signal then).
-            return None;
-        }
         if !self.renew {
+            if !self.is_held() {
+                // Released, lost, or its validity deadline passed (is_held
+                // raised the lost signal then).
+                return None;
+            }
             // Not due yet (the deadline was moved by extend): look again then.
             return Some(self.valid_until() + TIMER_SLACK);
         }
-        let sent = crate::raw::now();
-        match self.renew_now(None).await {
-            Ok(()) => {
+        // Not held (released, lost, past its validity deadline): a `Lost`
+        // error, and the watch ends.
+        match self.renew_sent(None).await {
+            Ok(sent) => {
                 self.failures.store(0, Ordering::Relaxed);
                 Some((sent + renew_interval(self.ttl())).min(self.valid_until()))
             }

@@ -34,7 +34,12 @@ impl Held {
         outcome: &std::result::Result<Result<Renewal>, E>,
     ) {
         let took = sent.elapsed();
-        observe::server_call(self.labels(), "renew", sent);
+        observe::seconds(
+            observe::SERVER_CALL,
+            self.labels(),
+            &[("operation", "renew")],
+            took,
+        );
         let failed = match outcome {
             Ok(Ok(Renewal::Renewed { .. })) => None,
             Ok(Ok(Renewal::Lost)) => Some("lost"),
