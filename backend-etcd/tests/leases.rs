@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, DeleteOptions, GetOptions};
 use lockcore::{LockOptions, Wait};
 use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
@@ -484,6 +484,44 @@ async fn renewals_fit_the_servers_txn_limit(_ctx: Ctx) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A lock key deleted on the server while its lease lives (`etcdctl del`):
+/// the renewal that finds it gone raises the lost signal, and the locks
+/// whose keys were checked in the same transaction stay held, on the
+/// server too.
+async fn a_deleted_key_is_lost_and_only_it(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let names: Vec<String> = (0..20).map(|i| ctx.name(&format!("del/{i}"))).collect();
+    let ttl = Duration::from_secs(2);
+    let guards = hold_all(&l, &names, ttl).await;
+    let mut c = raw(&ctx).await;
+    let gone = c
+        .delete(
+            lock_range(DEFAULT_PREFIX, &names[7]),
+            Some(DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect("delete");
+    assert_eq!(gone.deleted(), 1, "the holder's key");
+    tokio::time::timeout(ttl + Duration::from_secs(2), guards[7].lost())
+        .await
+        .expect("the lost signal of the lock whose key was deleted");
+    // Refused by the key check, not lapsed for want of an answer.
+    let reason = guards[7].lost_reason().unwrap_or_default();
+    assert!(reason.starts_with("renewal refused"), "lost: {reason}");
+    // Two more renewals of the others (each a third of the ttl).
+    tokio::time::sleep(ttl).await;
+    let other = ctx.harness.connect().await.expect("connect");
+    for (i, (name, g)) in names.iter().zip(&guards).enumerate() {
+        if i != 7 {
+            assert!(g.is_held(), "{name} was lost with the deleted one");
+            must_be_held(&other, name).await;
+        }
+    }
+    for g in guards {
+        let _ = g.release().await;
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![own_cases!(
@@ -500,5 +538,6 @@ fn main() -> std::process::ExitCode {
         multi_try_is_one_transaction,
         renewals_share_a_few_streams,
         renewals_fit_the_servers_txn_limit,
+        a_deleted_key_is_lost_and_only_it,
     )])
 }
