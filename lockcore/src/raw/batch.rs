@@ -9,15 +9,12 @@
 //! milliseconds: nothing, against validity counted from when it asked.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
 use crate::raw::sync::lock;
 
@@ -201,10 +198,8 @@ impl<T: Waiting> Batches<T> {
     }
 }
 
-/// The batching task: gathers, then runs each batch's `call` among its
-/// own futures (not a task each: a spawned task wakes another worker
-/// thread), at most `in_flight` at once, and finishes those in flight
-/// when every sender is gone.
+/// The batching task: gathers, then hands each batch to `call` in a task
+/// of its own, while at most `in_flight` are out.
 async fn run<T, C, Fut>(
     mut rx: mpsc::UnboundedReceiver<T>,
     call: C,
@@ -216,47 +211,30 @@ async fn run<T, C, Fut>(
     C: Fn(Vec<T>) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let mut calls = FuturesUnordered::new();
-    loop {
-        // The next request, once fewer than `in_flight` calls are out;
-        // the calls go on meanwhile.
-        let first = tokio::select! {
-            biased;
-            Some(()) = calls.next(), if !calls.is_empty() => continue,
-            got = rx.recv(), if calls.len() < in_flight => match got {
-                Some(first) => first,
-                None => break,
-            },
+    let slots = Arc::new(Semaphore::new(in_flight));
+    while let Some(first) = rx.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
         };
         let most = most.load(Ordering::Relaxed).max(1);
         let mut batch = Vec::with_capacity(most.min(1024));
         batch.push(first);
         take_queued(&mut rx, &mut batch, most);
-        if batch.len() < most && !window.is_zero() {
+        if batch.len() < most {
             // Not full: let the requests asked just after join.
-            let wait = tokio::time::sleep(window);
-            tokio::pin!(wait);
-            loop {
-                tokio::select! {
-                    biased;
-                    Some(()) = calls.next(), if !calls.is_empty() => {}
-                    () = &mut wait => break,
-                }
-            }
+            tokio::time::sleep(window).await;
             take_queued(&mut rx, &mut batch, most);
         }
         batch.retain(|c| !c.gave_up());
-        if !batch.is_empty() {
-            // A call that panics fails its own batch's requests (their
-            // answers are dropped), not the task and the others'.
-            calls.push(AssertUnwindSafe(call(batch)).catch_unwind().map(|done| {
-                if done.is_err() {
-                    tracing::error!("a batched call panicked; its requests fail");
-                }
-            }));
+        if batch.is_empty() {
+            continue;
         }
+        let sending = call(batch);
+        tokio::spawn(async move {
+            sending.await;
+            drop(slot);
+        });
     }
-    while calls.next().await.is_some() {}
 }
 
 /// Moves queued requests into `batch`, up to `most`, dropping those whose

@@ -14,11 +14,8 @@
 //! The checks are polled outside tokio's cooperative budget (they are many
 //! tasks' worth of work in one task, which would otherwise share one
 //! task's budget and finish a few dozen checks a turn); the task instead
-//! lets other tasks run once a pass took [`FINISHED_PER_PASS`] finished
-//! checks or started [`DUE_PER_PASS`], and after two passes. A poll runs
-//! a second pass only to poll the checks the first one started: waking
-//! itself instead would go through the scheduler, which wakes another
-//! worker thread for it.
+//! lets other tasks run after every [`FINISHED_PER_PASS`] finished checks
+//! and [`DUE_PER_PASS`] started ones.
 //!
 //! **Waking the queue's task.** A queue wakes its task when an insert is
 //! due before everything in it, and when a removal empties it: with one
@@ -318,92 +315,72 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
                 again.extend(orphans.iter().filter_map(Weak::upgrade).map(|it| (it, now)));
             }
         }
-        // Twice at most: checks started in the first round are polled in
-        // the second (a wake-up of this task would go through the
-        // scheduler, and wake another worker thread for it).
-        for round in 0..2 {
-            let (finished, started) = match pass(&watchdog, running, again, cx) {
-                Some(counts) => counts,
-                None if running.is_empty() => return Poll::Ready(()),
-                None => return Poll::Pending,
+        // Finished checks first: their items go back in the queue below.
+        let mut finished = 0;
+        while finished < FINISHED_PER_PASS {
+            let Poll::Ready(Some((item, next))) = running.poll_next_unpin(cx) else {
+                break;
             };
-            let more = started == DUE_PER_PASS || finished == FINISHED_PER_PASS;
-            if started == 0 && !more {
-                return Poll::Pending;
+            finished += 1;
+            if let Some(next) = next {
+                again.push((item, next));
             }
-            if more || round == 1 {
-                // The rest is polled in the next pass, after other tasks
-                // had their turn.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
+        }
+        let Some(wd) = watchdog.upgrade() else {
+            // No handle and no lease (the watchdog's drop aborts this
+            // task besides): the checks still running finish.
+            return if running.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            };
+        };
+        let mut queue = lock(&wd.queue);
+        for (item, next) in again.iter() {
+            queue.put(item, *next);
+        }
+        // The entries due now (up to a pass's worth), each check started.
+        let mut started = 0;
+        while started < DUE_PER_PASS {
+            match queue.entries.poll_expired(cx) {
+                // Empty (the next insert wakes this task), or nothing due.
+                Poll::Ready(None) | Poll::Pending => break,
+                Poll::Ready(Some(expired)) => match expired.into_inner() {
+                    Entry::Tick => {
+                        // Renewed while the queue is in use; a quiet tick
+                        // lapses (the queue may empty then).
+                        if std::mem::take(&mut queue.used) {
+                            let tick = tokio::time::Instant::now() + TICK;
+                            queue.entries.insert_at(Entry::Tick, tick);
+                        } else {
+                            queue.ticking = false;
+                        }
+                    }
+                    Entry::Lease(weak) => {
+                        if let Some(item) = weak.upgrade() {
+                            // The key is spent: clear it before the queue
+                            // can hand the same key to another item.
+                            *lock(&item.timer().key) = None;
+                            let check = tokio::task::coop::unconstrained(item.clone().check());
+                            running.push(Running { item, check });
+                            started += 1;
+                        }
+                    }
+                },
             }
+        }
+        drop(queue);
+        // Outside the lock: an item whose last reference this was is
+        // dropped here, and its drop may do anything.
+        again.clear();
+        if started > 0 || finished == FINISHED_PER_PASS {
+            // Checks just started are polled (and the rest of what is due
+            // or finished taken) in the next pass, after other tasks had
+            // their turn.
+            cx.waker().wake_by_ref();
         }
         Poll::Pending
     })
-}
-
-/// One pass of the watchdog's task: takes finished checks (their items go
-/// back in the queue), then starts the checks due now, up to a pass's
-/// worth of each. Returns how many finished and how many started, or
-/// `None` when the watchdog is gone (no handle and no lease; its drop
-/// aborts the task besides, and the checks still running finish).
-fn pass(
-    watchdog: &Weak<Watchdog>,
-    running: &mut FuturesUnordered<Running>,
-    again: &mut Vec<(Arc<dyn Watched>, Instant)>,
-    cx: &mut Context<'_>,
-) -> Option<(usize, usize)> {
-    // Finished checks first: their items go back in the queue below.
-    let mut finished = 0;
-    while finished < FINISHED_PER_PASS {
-        let Poll::Ready(Some((item, next))) = running.poll_next_unpin(cx) else {
-            break;
-        };
-        finished += 1;
-        if let Some(next) = next {
-            again.push((item, next));
-        }
-    }
-    let wd = watchdog.upgrade()?;
-    let mut queue = lock(&wd.queue);
-    for (item, next) in again.iter() {
-        queue.put(item, *next);
-    }
-    // The entries due now (up to a pass's worth), each check started.
-    let mut started = 0;
-    while started < DUE_PER_PASS {
-        match queue.entries.poll_expired(cx) {
-            // Empty (the next insert wakes this task), or nothing due.
-            Poll::Ready(None) | Poll::Pending => break,
-            Poll::Ready(Some(expired)) => match expired.into_inner() {
-                Entry::Tick => {
-                    // Renewed while the queue is in use; a quiet tick
-                    // lapses (the queue may empty then).
-                    if std::mem::take(&mut queue.used) {
-                        let tick = tokio::time::Instant::now() + TICK;
-                        queue.entries.insert_at(Entry::Tick, tick);
-                    } else {
-                        queue.ticking = false;
-                    }
-                }
-                Entry::Lease(weak) => {
-                    if let Some(item) = weak.upgrade() {
-                        // The key is spent: clear it before the queue
-                        // can hand the same key to another item.
-                        *lock(&item.timer().key) = None;
-                        let check = tokio::task::coop::unconstrained(item.clone().check());
-                        running.push(Running { item, check });
-                        started += 1;
-                    }
-                }
-            },
-        }
-    }
-    drop(queue);
-    // Outside the lock: an item whose last reference this was is
-    // dropped here, and its drop may do anything.
-    again.clear();
-    Some((finished, started))
 }
 
 mod queue;
