@@ -1,10 +1,9 @@
 //! Renewals' reads of their keys, many to a request.
 //!
-//! A renewal reads its key to see that nobody deleted it (a compare of its
-//! create revision: see [`Batcher::read_one`]). With thousands of
+//! A renewal reads its key to see that nobody deleted it. With thousands of
 //! held locks, one read each is thousands of requests a second; so the
 //! reads asked within a short window go to the server together, as the
-//! compares of one transaction (at most [`PER_TXN`], under etcd's
+//! read operations of one transaction (at most [`PER_TXN`], under etcd's
 //! default `--max-txn-ops` of 128; fewer, found by halving, when the server
 //! refuses that many), and each renewal gets its own key's answer. A few batches may be in flight at once, so a slow server does
 //! not hold renewals in a line.
@@ -13,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::raw::batch::{Batches, Waiting};
 use lockcore::raw::prelude::*;
 use tokio::sync::oneshot;
@@ -142,36 +141,17 @@ impl Batcher {
         }
     }
 
-    /// Checks the keys of `batch` in one transaction and answers each;
+    /// Reads the keys of `batch` in one transaction and answers each;
     /// gives the batch back when the server refused that many operations
     /// in a transaction (and there are two or more).
-    ///
-    /// The transaction compares each key's create revision and, only when
-    /// one differs, reads them all (keys only), to answer each renewal on
-    /// its own: in the steady state its answer is one flag, with no key
-    /// sent back. The reads also make it a linearizable read: a
-    /// transaction of compares alone counts as serializable, and a member
-    /// behind the leader (or a learner) would answer it from its own,
-    /// older, store.
     async fn read_one(&self, batch: Vec<Check>) -> Option<Vec<Check>> {
-        let cmps: Vec<Compare> = batch
+        let ops: Vec<TxnOp> = batch
             .iter()
-            .map(|c| Compare::create_revision(c.key.as_str(), CompareOp::Equal, c.rev))
-            .collect();
-        let reads: Vec<TxnOp> = batch
-            .iter()
-            .map(|c| TxnOp::get(c.key.as_str(), Some(GetOptions::new().with_keys_only())))
+            .map(|c| TxnOp::get(c.key.clone(), Some(GetOptions::new().with_keys_only())))
             .collect();
         let mut kv = self.client.kv_client();
-        let txn = Txn::new().when(cmps).or_else(reads);
-        let res = tokio::time::timeout(self.limit, kv.txn(txn)).await;
+        let res = tokio::time::timeout(self.limit, kv.txn(Txn::new().and_then(ops))).await;
         let err = match res {
-            Ok(Ok(r)) if r.succeeded() => {
-                for c in batch {
-                    let _ = c.reply.send(Ok(true));
-                }
-                return None;
-            }
             Ok(Ok(r)) if r.op_responses().len() == batch.len() => {
                 for (c, op) in batch.into_iter().zip(r.op_responses()) {
                     let there = match op {
