@@ -192,7 +192,7 @@ impl LockGuard {
     /// Renews now with the current ttl (the acquisition's top-up of a
     /// grant with a lock-delay).
     pub(crate) async fn extend_now(&self) -> Result<()> {
-        self.held.renew_now(None).await
+        self.held.renew_now(None).await.map(drop)
     }
 
     /// Renews the lease now so that it lives `ttl` from now; the watchdog
@@ -222,7 +222,7 @@ impl LockGuard {
         }
         let renewed = self.held.renew_now(Some(ttl)).await;
         self.held.rescheduled();
-        renewed.map_err(|e| e.or_operation("extend"))
+        renewed.map(drop).map_err(|e| e.or_operation("extend"))
     }
 
     /// Releases this hold; the lease itself is released on the server when

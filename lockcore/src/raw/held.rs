@@ -308,15 +308,11 @@ impl Held {
         }
     }
 
-    /// Renews now, with `ttl` from then on if given (else the current ttl).
-    /// Renewals run one at a time, so their results apply in the order they
-    /// were sent: a slow earlier reply never overwrites a later one.
-    pub(crate) async fn renew_now(self: &Arc<Self>, ttl: Option<Duration>) -> Result<()> {
-        self.renew_sent(ttl).await.map(drop)
-    }
-
-    /// [`Held::renew_now`], returning when the renewal was sent.
-    async fn renew_sent(self: &Arc<Self>, ttl: Option<Duration>) -> Result<Instant> {
+    /// Renews now, with `ttl` from then on if given (else the current ttl);
+    /// returns when the renewal was sent. Renewals run one at a time, so
+    /// their results apply in the order they were sent: a slow earlier
+    /// reply never overwrites a later one.
+    pub(crate) async fn renew_now(self: &Arc<Self>, ttl: Option<Duration>) -> Result<Instant> {
         let _turn = self.renewing.lock().await;
         if !self.is_held() {
             return Err(self.lost_error("cannot renew"));
@@ -402,7 +398,7 @@ impl Held {
         }
         // Not held (released, lost, past its validity deadline): a `Lost`
         // error, and the watch ends.
-        match self.renew_sent(None).await {
+        match self.renew_now(None).await {
             Ok(sent) => {
                 self.failures.store(0, Ordering::Relaxed);
                 Some((sent + renew_interval(self.ttl())).min(self.valid_until()))
