@@ -331,8 +331,8 @@ impl Locker {
             mode,
         };
         let (at, call) = (Labels::of(backend, name, opts), crate::raw::now());
-        let attempt =
-            { self.backend.acquire(req) }.inspect(|_| observe::server_call(at, "acquire", call));
+        let attempt = { self.backend.acquire(req) }
+            .inspect(|_| observe::server_call(at, "acquire", call.elapsed()));
         let grant = match deadline.instant() {
             Some(at) => tokio::time::timeout_at((at + DEADLINE_GRACE).into(), attempt)
                 .await
@@ -440,7 +440,7 @@ impl Locker {
         validate_name(backend, name).map_err(|e| e.or_operation("inspect"))?;
         let (at, call) = (Labels::of(backend, name, &self.defaults), crate::raw::now());
         let info = self.backend.inspect(name).await;
-        observe::server_call(at, "inspect", call);
+        observe::server_call(at, "inspect", call.elapsed());
         info.map_err(|e| e.or_name(name).or_operation("inspect"))
     }
 }

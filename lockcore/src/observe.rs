@@ -166,9 +166,9 @@ impl<'a> Labels<'a> {
     }
 }
 
-/// Records a call to the backend for `operation`, sent at `sent`.
-pub(crate) fn server_call(at: Labels<'_>, operation: &'static str, sent: std::time::Instant) {
-    seconds(SERVER_CALL, at, &[("operation", operation)], sent.elapsed());
+/// Records a call to the backend for `operation` that took `took`.
+pub(crate) fn server_call(at: Labels<'_>, operation: &'static str, took: Duration) {
+    seconds(SERVER_CALL, at, &[("operation", operation)], took);
 }
 
 /// Adds one to a counter.

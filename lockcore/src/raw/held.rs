@@ -294,7 +294,7 @@ impl Held {
         let _turn = self.renewing.lock().await;
         let sent = crate::raw::now();
         let released = self.lease.release().await;
-        observe::server_call(self.labels(), "release", sent);
+        observe::server_call(self.labels(), "release", sent.elapsed());
         match released {
             Ok(Released::Released) if !was_lost => Ok(()),
             Ok(Released::Released) => Err(self.lost_error(

@@ -34,12 +34,7 @@ impl Held {
         outcome: &std::result::Result<Result<Renewal>, E>,
     ) {
         let took = sent.elapsed();
-        observe::seconds(
-            observe::SERVER_CALL,
-            self.labels(),
-            &[("operation", "renew")],
-            took,
-        );
+        observe::server_call(self.labels(), "renew", took);
         let failed = match outcome {
             Ok(Ok(Renewal::Renewed { .. })) => None,
             Ok(Ok(Renewal::Lost)) => Some("lost"),
