@@ -1,7 +1,6 @@
 //! One acquisition's steps: the lease, the key, the wait behind the
 //! keys before it, and stepping back from a failed attempt.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use crate::config::NAME;
 use crate::core::EtcdBackend;
 use crate::error::is_lease_not_found;
 use crate::keys::{first_kv, header_rev, range_of, OWNER_MARK};
-use crate::lease::{revoke, EtcdLease};
+use crate::lease::EtcdLease;
 use crate::spare::Spare;
 use crate::wait::Turn;
 
@@ -142,7 +141,7 @@ impl EtcdBackend {
         // whatever the server had applied.
         let cleanup = CleanupOnDrop::new(
             "revoke the lease of a dropped etcd acquisition",
-            revoke(self.clone(), lease, limit),
+            self.clone().revoke(lease, limit),
         );
         let (valid_from_grant, (my_rev, owner_rev)) = match spare {
             None => {
@@ -236,16 +235,14 @@ impl EtcdBackend {
         })?;
         let valid_until = *lock(&valid);
         Ok(Ok(Some(Grant {
-            lease: Box::new(EtcdLease {
-                backend: self.clone(),
-                name: name.to_owned(),
+            lease: Box::new(EtcdLease::new(
+                self.clone(),
+                req,
                 key,
                 lease,
-                rev: my_rev,
-                ttl,
-                valid_until: Mutex::new(valid_until),
-                finished: AtomicBool::new(false),
-            }),
+                my_rev,
+                valid_until,
+            )),
             fence: Some(fence),
             valid_until,
         })))

@@ -15,6 +15,7 @@ use crate::config::{EtcdConfig, NAME};
 use crate::error::map_err;
 use crate::keepalive::KeepAlives;
 use crate::keycheck::KeyChecks;
+use crate::shared::SharedLeases;
 use crate::spare::SpareLeases;
 
 /// An etcd lock backend. Cheap to clone (clones share the connection).
@@ -35,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) servers: String,
     pub(crate) counters: Arc<EtcdCounters>,
     pub(crate) spares: SpareLeases,
+    /// The lease of each ttl that renewed locks share.
+    pub(crate) shared: SharedLeases,
     /// The one keep-alive stream of every lease.
     pub(crate) keepalives: KeepAlives,
     /// Renewals' reads of their keys, batched.
@@ -73,10 +76,12 @@ impl EtcdCounters {
 }
 
 impl Drop for Inner {
-    /// Revokes the spare leases in the background: nothing is attached to
-    /// them, and no acquisition of this backend can take them any more.
+    /// Revokes the spare and shared leases in the background: nothing is
+    /// attached to them (every lock on a shared lease holds the backend),
+    /// and no acquisition of this backend can take them any more.
     fn drop(&mut self) {
-        let spares = self.spares.drain();
+        let mut spares = self.spares.drain();
+        spares.extend(self.shared.drain());
         if spares.is_empty() {
             return;
         }
@@ -172,6 +177,7 @@ impl EtcdBackend {
                 servers,
                 counters: Arc::default(),
                 spares: SpareLeases::default(),
+                shared: SharedLeases::default(),
             }),
         };
         // One read, so that a wrong address or credentials fail here.

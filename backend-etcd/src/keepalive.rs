@@ -13,6 +13,13 @@
 //! heavy write load each waits on the lessor, so one stream falls behind
 //! thousands of renewals a second.
 //!
+//! Renewals of one lease close together share a keepalive: a renewal that
+//! allows it (a shared lease's, see `shared.rs`) takes the answer of a
+//! keepalive of its lease sent at most its `fresh` window before, or joins
+//! one in flight that recent, and counts its validity from that
+//! keepalive's send time. So ten thousand locks on one lease cost a few
+//! keepalives a second, not ten thousand.
+//!
 //! At most [`IN_FLIGHT`] keepalives wait on a stream; the rest wait in the
 //! task, and those whose renewal gave up are dropped unsent. A stream that
 //! ends, fails, or leaves any keepalive unanswered past its renewal's own
@@ -41,8 +48,9 @@ const IN_FLIGHT: usize = 256;
 /// How often a stream with renewals in flight is checked for lag.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 
-/// What a renewal asked: `Ok(true)` renewed, `Ok(false)` the lease is gone.
-type Reply = oneshot::Sender<Result<bool>>;
+/// What a renewal asked: `Ok(Some(sent))` renewed by a keepalive sent at
+/// `sent`, `Ok(None)` the lease is gone.
+type Reply = oneshot::Sender<Result<Option<Instant>>>;
 
 /// One renewal's request: the lease and where its answer goes.
 struct Ask {
@@ -51,6 +59,8 @@ struct Ask {
     limit: Duration,
     /// Until when: `limit` from when the renewal asked.
     deadline: Instant,
+    /// How old a keepalive of the same lease it may take the answer of.
+    fresh: Duration,
     reply: Reply,
 }
 
@@ -76,21 +86,29 @@ impl KeepAlives {
         }
     }
 
-    /// Sends one keepalive of `id` on its lease's stream and waits for its
-    /// answer. A stream that leaves a renewal unanswered for its `limit` is
-    /// replaced.
+    /// Renews `id` on its lease's stream and waits for the answer: a
+    /// keepalive of its own, or, within `fresh`, one of the same lease sent
+    /// that recently (answered or in flight). `Some(sent)`: renewed by a
+    /// keepalive sent at `sent`; `None`: the lease is gone. A stream that
+    /// leaves a renewal unanswered for its `limit` is replaced.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped renewal at most extended the lease; its
     /// answer is discarded.
-    pub(crate) async fn renew(&self, id: i64, limit: Duration) -> Result<bool> {
+    pub(crate) async fn renew(
+        &self,
+        id: i64,
+        limit: Duration,
+        fresh: Duration,
+    ) -> Result<Option<Instant>> {
         let (reply, answer) = oneshot::channel();
         let deadline = Instant::now() + limit;
         self.send(Ask {
             id,
             limit,
             deadline,
+            fresh,
             reply,
         });
         match answer.await {
@@ -129,37 +147,89 @@ struct Open {
     sent: Sent,
 }
 
+/// One keepalive sent and not answered, and the renewals waiting on it.
+struct Pending {
+    sent: Instant,
+    replies: Vec<Reply>,
+}
+
+/// How long a lease's last answer is kept for renewals that may take it:
+/// the longest `fresh` window (`shared.rs` caps it at a second).
+const RECENT: Duration = Duration::from_secs(1);
+
 /// The renewals sent on a stream and not answered.
+#[derive(Default)]
 struct Sent {
     /// By lease id, in the order sent.
-    waiting: HashMap<i64, VecDeque<Reply>>,
+    waiting: HashMap<i64, VecDeque<Pending>>,
     /// Until when each waits, in the order sent (the order answered).
     deadlines: VecDeque<Instant>,
+    /// Each lease's last answer: when its keepalive was sent, and whether
+    /// the lease lived.
+    recent: HashMap<i64, (Instant, bool)>,
 }
 
 impl Sent {
-    /// Records a keepalive of `id` sent now.
-    fn push(&mut self, ask: Ask) {
+    /// Answers `ask` from a keepalive of its lease sent within its
+    /// `fresh` window (answered, or in flight); gives it back otherwise.
+    fn join(&mut self, ask: Ask) -> Option<Ask> {
+        if ask.fresh.is_zero() {
+            return Some(ask);
+        }
+        let Some(since) = Instant::now().checked_sub(ask.fresh) else {
+            return Some(ask);
+        };
+        if let Some(&(sent, alive)) = self.recent.get(&ask.id) {
+            if sent >= since {
+                let _ = ask.reply.send(Ok(alive.then_some(sent)));
+                return None;
+            }
+        }
+        match self.waiting.get_mut(&ask.id).and_then(|q| q.back_mut()) {
+            Some(p) if p.sent >= since => {
+                p.replies.push(ask.reply);
+                None
+            }
+            _ => Some(ask),
+        }
+    }
+
+    /// Records a keepalive of `ask`'s lease sent at `sent`.
+    fn push(&mut self, ask: Ask, sent: Instant) {
         let Ask {
             id,
             deadline,
             reply,
             ..
         } = ask;
-        self.waiting.entry(id).or_default().push_back(reply);
+        self.waiting.entry(id).or_default().push_back(Pending {
+            sent,
+            replies: vec![reply],
+        });
         self.deadlines.push_back(deadline);
     }
 
-    /// Routes one answer to the renewal that asked.
+    /// Routes one answer to the renewals waiting on it.
     fn answer(&mut self, id: i64, ttl: i64) {
         if let Some(q) = self.waiting.get_mut(&id) {
-            if let Some(reply) = q.pop_front() {
+            if let Some(p) = q.pop_front() {
                 self.deadlines.pop_front();
-                let _ = reply.send(Ok(ttl > 0));
+                let alive = ttl > 0;
+                self.recent.insert(id, (p.sent, alive));
+                for reply in p.replies {
+                    let _ = reply.send(Ok(alive.then_some(p.sent)));
+                }
             }
             if q.is_empty() {
                 self.waiting.remove(&id);
             }
+        }
+    }
+
+    /// Forgets the answers too old for any renewal to take.
+    fn prune(&mut self) {
+        if let Some(since) = Instant::now().checked_sub(RECENT) {
+            self.recent.retain(|_, (sent, _)| *sent >= since);
         }
     }
 
@@ -180,8 +250,10 @@ impl Open {
     /// Fails every renewal waiting on this stream or to be sent on it.
     fn fail_all(self, e: &Error) {
         let copy = || Error::new(e.kind(), NAME, e.message());
-        for reply in self.sent.waiting.into_values().flatten() {
-            let _ = reply.send(Err(copy()));
+        for p in self.sent.waiting.into_values().flatten() {
+            for reply in p.replies {
+                let _ = reply.send(Err(copy()));
+            }
         }
         for ask in self.outbox {
             let _ = ask.reply.send(Err(copy()));
@@ -232,7 +304,9 @@ impl Task {
                     let mut next = Some(ask);
                     while let Some(ask) = next {
                         if !ask.reply.is_closed() {
-                            o.outbox.push_back(ask);
+                            if let Some(ask) = o.sent.join(ask) {
+                                o.outbox.push_back(ask);
+                            }
                         }
                         next = self.rx.try_recv().ok();
                     }
@@ -251,10 +325,16 @@ impl Task {
                                     permit = Some(p);
                                     continue;
                                 }
+                                // One sent since it was queued may answer it.
+                                let Some(ask) = o.sent.join(ask) else {
+                                    permit = Some(p);
+                                    continue;
+                                };
                                 let mut req = blank(&o.keeper.sender);
                                 req.id = ask.id;
+                                let sent = Instant::now();
                                 p.send(req);
-                                o.sent.push(ask);
+                                o.sent.push(ask, sent);
                                 if !o.outbox.is_empty() && o.sent.in_flight() < IN_FLIGHT {
                                     permit = o.keeper.sender.try_reserve().ok();
                                 }
@@ -265,6 +345,7 @@ impl Task {
                     }
                 }
                 _ = check.tick() => {
+                    o.sent.prune();
                     o.sent.behind().then(|| {
                         self.gone("a keepalive was not answered within its request's time")
                     })
@@ -287,23 +368,23 @@ impl Task {
             return None;
         }
         let mut lc = self.client.lease_client();
+        let sent = Instant::now();
         let err = match tokio::time::timeout(ask.limit, lc.keep_alive(ask.id)).await {
             Ok(Ok((keeper, answers))) => {
-                let _ = ask.reply.send(Ok(true));
+                let _ = ask.reply.send(Ok(Some(sent)));
+                let mut fresh = Sent::default();
+                fresh.recent.insert(ask.id, (sent, true));
                 return Some(Open {
                     keeper,
                     answers,
                     outbox: VecDeque::new(),
-                    sent: Sent {
-                        waiting: HashMap::new(),
-                        deadlines: VecDeque::new(),
-                    },
+                    sent: fresh,
                 });
             }
             // The first answer said ttl 0: that lease is gone; the next
             // renewal opens a stream with its own.
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
-                let _ = ask.reply.send(Ok(false));
+                let _ = ask.reply.send(Ok(None));
                 return None;
             }
             Ok(Err(e)) => map_err(e, "renewing the lease", &self.servers, false),

@@ -1,9 +1,10 @@
 //! A held lock: its key, its lease and the key's create revision; renewal
-//! by keepalive and a read of the key, release by a compare-guarded delete
-//! that leaves the lease spare for the next acquisition.
+//! by keepalive and a read of the key (the first one moves the key onto the
+//! shared lease, `shared.rs`), release by a compare-guarded delete that
+//! leaves a lease of its own spare for the next acquisition.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -15,13 +16,30 @@ use lockcore::raw::sync::lock;
 use crate::config::NAME;
 use crate::core::EtcdBackend;
 use crate::error::is_transient;
+use crate::shared::{fresh, Moved};
 use crate::spare::Spare;
 
 impl EtcdBackend {
     /// One keepalive of `lease` on the backend's shared stream: `Ok(true)`
     /// renewed, `Ok(false)` the lease is gone (the server answered ttl 0).
     pub(crate) async fn keep_alive_once(&self, lease: i64, limit: Duration) -> Result<bool> {
-        match tokio::time::timeout(limit, self.inner.keepalives.renew(lease, limit)).await {
+        Ok(self
+            .keep_alive_within(lease, limit, Duration::ZERO)
+            .await?
+            .is_some())
+    }
+
+    /// Renews `lease`, taking the answer of a keepalive of it sent within
+    /// `fresh` if there is one: `Some(sent)` renewed by a keepalive sent
+    /// at `sent`, `None` the lease is gone.
+    pub(crate) async fn keep_alive_within(
+        &self,
+        lease: i64,
+        limit: Duration,
+        fresh: Duration,
+    ) -> Result<Option<Instant>> {
+        let renew = self.inner.keepalives.renew(lease, limit, fresh);
+        match tokio::time::timeout(limit, renew).await {
             Ok(r) => r,
             Err(_) => Err(Error::unavailable(
                 NAME,
@@ -34,44 +52,91 @@ impl EtcdBackend {
     }
 }
 
-/// Revokes `lease` (deleting its key), logging failures: the lease then ends
-/// by its ttl.
-pub(crate) async fn revoke(backend: EtcdBackend, lease: i64, limit: Duration) {
-    let mut lc = backend.inner.client.lease_client();
-    match tokio::time::timeout(limit, lc.revoke(lease)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(etcd_client::Error::GRpcStatus(s))) if s.code() == tonic::Code::NotFound => {}
-        Ok(Err(e)) => {
-            tracing::debug!(backend = NAME, lease, error = %e, "revoking a lease failed; it ends by its ttl")
-        }
-        Err(_) => {
-            tracing::debug!(
-                backend = NAME,
-                lease,
-                "revoking a lease timed out; it ends by its ttl"
-            )
+impl EtcdBackend {
+    /// Revokes `lease` (deleting its keys), logging failures: the lease
+    /// then ends by its ttl.
+    pub(crate) async fn revoke(self, lease: i64, limit: Duration) {
+        let mut lc = self.inner.client.lease_client();
+        match tokio::time::timeout(limit, lc.revoke(lease)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(etcd_client::Error::GRpcStatus(s))) if s.code() == tonic::Code::NotFound => {}
+            Ok(Err(e)) => {
+                tracing::debug!(backend = NAME, lease, error = %e, "revoking a lease failed; it ends by its ttl")
+            }
+            Err(_) => {
+                tracing::debug!(
+                    backend = NAME,
+                    lease,
+                    "revoking a lease timed out; it ends by its ttl"
+                )
+            }
         }
     }
 }
 
 /// One granted lock: its key, its lease and the key's create revision.
 pub(crate) struct EtcdLease {
-    pub(crate) backend: EtcdBackend,
-    pub(crate) name: String,
-    pub(crate) key: String,
-    pub(crate) lease: i64,
-    pub(crate) rev: i64,
-    pub(crate) ttl: Duration,
+    backend: EtcdBackend,
+    name: String,
+    key: String,
+    /// The lease it was granted with.
+    lease: i64,
+    rev: i64,
+    ttl: Duration,
     /// Until when the lease is surely alive, as the last renewal showed.
-    pub(crate) valid_until: Mutex<Instant>,
+    valid_until: Mutex<Instant>,
     /// Set by the first release: the lease may serve another lock since,
     /// so this handle neither renews nor releases (nor revokes) it again.
-    pub(crate) finished: AtomicBool,
+    finished: AtomicBool,
+    /// The watchdog renews it: it may move onto the shared lease.
+    movable: bool,
+    /// How old a keepalive of the shared lease a renewal takes the answer
+    /// of (`shared::fresh` of the holder's ttl).
+    window: Duration,
+    /// The shared lease its key moved onto; 0 before.
+    shared: AtomicI64,
+    /// A move onto the shared lease was begun: it may have applied.
+    move_sent: AtomicBool,
 }
 
 impl EtcdLease {
-    /// Whether the server still has this lock's lease (time to live above
-    /// zero).
+    /// The lock `req` asked for, granted on `lease` with key `key` (create
+    /// revision `rev`).
+    pub(crate) fn new(
+        backend: EtcdBackend,
+        req: &AcquireRequest<'_>,
+        key: String,
+        lease: i64,
+        rev: i64,
+        valid_until: Instant,
+    ) -> Self {
+        let (name, ttl) = (req.name, req.ttl);
+        EtcdLease {
+            backend,
+            name: name.to_owned(),
+            key,
+            lease,
+            rev,
+            ttl,
+            valid_until: Mutex::new(valid_until),
+            finished: AtomicBool::new(false),
+            movable: req.renew,
+            window: fresh(ttl.saturating_sub(req.lock_delay)),
+            shared: AtomicI64::new(0),
+            move_sent: AtomicBool::new(false),
+        }
+    }
+
+    /// The lease the key is known to be on.
+    fn on(&self) -> i64 {
+        match self.shared.load(Ordering::Acquire) {
+            0 => self.lease,
+            shared => shared,
+        }
+    }
+
+    /// Whether the server still has the lease the key is known to be on
+    /// (time to live above zero).
     async fn lease_alive(&self, limit: Duration) -> Result<bool> {
         let mut lc = self.backend.inner.client.lease_client();
         let r = self
@@ -80,7 +145,7 @@ impl EtcdLease {
                 limit,
                 "reading the lease's time to live",
                 false,
-                lc.time_to_live(self.lease, None),
+                lc.time_to_live(self.on(), None),
             )
             .await?;
         Ok(r.ttl() > 0)
@@ -91,7 +156,7 @@ impl fmt::Debug for EtcdLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLease")
             .field("key", &self.key)
-            .field("lease", &format_args!("{:x}", self.lease))
+            .field("lease", &format_args!("{:x}", self.on()))
             .field("revision", &self.rev)
             .finish()
     }
@@ -100,11 +165,17 @@ impl fmt::Debug for EtcdLease {
 #[async_trait]
 impl BackendLease for EtcdLease {
     /// One keepalive of the lease and one read of the key, in parallel:
-    /// `Lost` when the lease is gone (ttl 0) or the key was deleted.
+    /// `Lost` when the lease is gone (ttl 0) or the key was deleted. The
+    /// first renewal of a lock the watchdog renews moves its key onto the
+    /// shared lease instead (`shared.rs`); later ones renew that lease,
+    /// taking the answer of a keepalive sent within a twentieth of the ttl.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a dropped renewal at most extended the lease.
+    /// Cancel safe: a dropped renewal at most extended the lease, or moved
+    /// the key onto the shared lease (the next renewal moves it again,
+    /// which changes nothing; a release or an abandon after it deals with
+    /// the key wherever it is).
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         self.check_ttl(ttl)?;
         if self.finished.load(Ordering::Acquire) {
@@ -112,7 +183,37 @@ impl BackendLease for EtcdLease {
         }
         let b = &self.backend;
         let limit = b.op_timeout(self.ttl);
-        let sent = Instant::now();
+        // Validity counts from no later than this (a move that may have
+        // applied: the key may be on the shared lease).
+        let mut cap = None;
+        let shared = self.shared.load(Ordering::Acquire);
+        if shared == 0 && self.movable {
+            self.move_sent.store(true, Ordering::Release);
+            // Boxed: once per lock, and its requests' futures are large; in
+            // line, every renewal would make room for them and copy it.
+            let moving = b.move_to_shared(
+                &self.key,
+                self.rev,
+                self.lease,
+                self.ttl,
+                self.window,
+                limit,
+            );
+            match Box::pin(moving).await {
+                Moved::Yes { to, since } => {
+                    self.shared.store(to, Ordering::Release);
+                    let valid_until = validity_deadline(since, ttl);
+                    *lock(&self.valid_until) = valid_until;
+                    return Ok(Renewal::Renewed { valid_until });
+                }
+                Moved::Gone => return Ok(Renewal::Lost),
+                Moved::No { since } => cap = since,
+            }
+        }
+        let (on, window) = match shared {
+            0 => (self.lease, Duration::ZERO),
+            s => (s, self.window),
+        };
         let read = async {
             match tokio::time::timeout(limit, b.inner.keychecks.still_there(&self.key, self.rev))
                 .await
@@ -127,14 +228,17 @@ impl BackendLease for EtcdLease {
                 )),
             }
         };
-        let (alive, still) = tokio::join!(b.keep_alive_once(self.lease, limit), read);
-        if !alive? {
+        let (alive, still) = tokio::join!(b.keep_alive_within(on, limit, window), read);
+        let Some(sent) = alive? else {
+            if shared != 0 {
+                b.inner.shared.forget(whole_seconds(self.ttl), shared);
+            }
             return Ok(Renewal::Lost);
-        }
+        };
         if !still? {
             return Ok(Renewal::Lost);
         }
-        let valid_until = validity_deadline(sent, ttl);
+        let valid_until = validity_deadline(cap.map_or(sent, |c: Instant| c.min(sent)), ttl);
         *lock(&self.valid_until) = valid_until;
         Ok(Renewal::Renewed { valid_until })
     }
@@ -158,12 +262,16 @@ impl BackendLease for EtcdLease {
     /// Deletes the key if it is still this lock's (compare on its create
     /// revision). When it was, the lease, now attached to nothing, is kept
     /// spare for the handle's next acquisition with the same ttl; otherwise
-    /// it is revoked in the background.
+    /// it is revoked in the background. A key that may be on the shared
+    /// lease leaves no lease spare, and when its delete fails it is deleted
+    /// in the background, retried until the server answers.
     ///
     /// # Cancel safety
     ///
-    /// A dropped release may or may not have deleted the key; the lease then
-    /// ends by its ttl as if the holder had died, and is never reused.
+    /// A dropped release may or may not have deleted the key. A lease of
+    /// its own then ends by its ttl as if the holder had died, and is never
+    /// reused; a key that may be on the shared lease is deleted in the
+    /// background.
     async fn release(&self) -> Result<Released> {
         if self.finished.swap(true, Ordering::AcqRel) {
             // Released before: the lease may be another lock's by now.
@@ -171,6 +279,24 @@ impl BackendLease for EtcdLease {
         }
         let b = &self.backend;
         let limit = b.op_timeout(self.ttl);
+        let on_shared = self.move_sent.load(Ordering::Acquire);
+        // The shared lease lives on with the other locks: a key left on it
+        // must be deleted, whatever becomes of this call.
+        let leftover = on_shared.then(|| {
+            CleanupOnDrop::new(
+                "delete a released etcd lock key on the shared lease",
+                b.clone()
+                    .delete_in_background(self.key.clone(), self.rev, limit),
+            )
+        });
+        if on_shared && self.shared.load(Ordering::Acquire) == 0 {
+            // A move that may not have applied: the key may still be on
+            // its own lease, which no lock may reuse.
+            spawn_cleanup(
+                "revoke the lease of a released etcd lock",
+                b.clone().revoke(self.lease, limit),
+            );
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.clone(),
@@ -214,11 +340,14 @@ impl BackendLease for EtcdLease {
                 Ok(alive) => alive,
                 Err(e) => {
                     // Most likely our delete applied; nobody can tell now.
-                    // The key, if it is there, ends with the lease's ttl.
-                    spawn_cleanup(
-                        "revoke the lease of a released etcd lock",
-                        revoke(b.clone(), self.lease, limit),
-                    );
+                    // The key, if it is there, ends with the lease's ttl
+                    // (or, on the shared lease, is deleted by `leftover`).
+                    if !on_shared {
+                        spawn_cleanup(
+                            "revoke the lease of a released etcd lock",
+                            b.clone().revoke(self.lease, limit),
+                        );
+                    }
                     return Err(Error::new(
                         ErrorKind::Indeterminate,
                         NAME,
@@ -227,15 +356,22 @@ impl BackendLease for EtcdLease {
                 }
             };
         }
-        let spare = Spare {
-            id: self.lease,
-            valid_until: *lock(&self.valid_until),
-        };
-        if !(deleted && b.inner.spares.put(whole_seconds(self.ttl), spare)) {
-            spawn_cleanup(
-                "revoke the lease of a released etcd lock",
-                revoke(b.clone(), self.lease, limit),
-            );
+        if on_shared {
+            // Answered: the key is gone (deleted now, or before).
+            if let (Ok(_), Some(leftover)) = (&res, leftover) {
+                leftover.disarm();
+            }
+        } else {
+            let spare = Spare {
+                id: self.lease,
+                valid_until: *lock(&self.valid_until),
+            };
+            if !(deleted && b.inner.spares.put(whole_seconds(self.ttl), spare)) {
+                spawn_cleanup(
+                    "revoke the lease of a released etcd lock",
+                    b.clone().revoke(self.lease, limit),
+                );
+            }
         }
         res?;
         Ok(if deleted {
@@ -248,9 +384,19 @@ impl BackendLease for EtcdLease {
     /// Nothing to stop: after the grant this lease is renewed only by the
     /// guard's watchdog (which `abandon` stops), never in the background.
     /// The key stays on the server until the lease's ttl runs out, exactly
-    /// as when the holding process dies; the handle's other locks, each on
-    /// its own lease, are not affected.
+    /// as when the holding process dies. A key that may be on the shared
+    /// lease, which the handle's other locks keep alive, is first moved in
+    /// the background onto a lease of its own, granted then and never
+    /// renewed.
     fn abandon(&self) {
         tracing::debug!(backend = NAME, key = %self.key, "lease abandoned; it ends by its ttl");
+        if self.move_sent.load(Ordering::Acquire) && !self.finished.load(Ordering::Acquire) {
+            let b = &self.backend;
+            spawn_cleanup(
+                "move an abandoned etcd lock key off the shared lease",
+                b.clone()
+                    .move_back(self.key.clone(), self.rev, self.ttl, b.op_timeout(self.ttl)),
+            );
+        }
     }
 }

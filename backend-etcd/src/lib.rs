@@ -122,6 +122,7 @@ mod keycheck;
 mod keys;
 mod lease;
 mod multi;
+mod shared;
 mod spare;
 mod wait;
 

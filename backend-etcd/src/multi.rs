@@ -4,8 +4,6 @@
 //! transaction puts every key if no name has a key at all (no holder, no
 //! waiter), so the keys share one create revision, each name's token.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -15,7 +13,7 @@ use crate::config::NAME;
 use crate::core::EtcdBackend;
 use crate::error::is_lease_not_found;
 use crate::keys::{header_rev, lease_id_of, range_of, OWNER_MARK};
-use crate::lease::{revoke, EtcdLease};
+use crate::lease::EtcdLease;
 use crate::spare::Spare;
 
 /// Where the lease of one name comes from.
@@ -75,7 +73,7 @@ impl EtcdBackend {
             .map(|(&lease, &limit)| {
                 CleanupOnDrop::new(
                     "revoke a lease of a dropped etcd multi-name acquisition",
-                    revoke(self.clone(), lease, limit),
+                    self.clone().revoke(lease, limit),
                 )
             })
             .collect();
@@ -190,16 +188,14 @@ impl EtcdBackend {
             .zip(keys)
             .zip(leases.iter().zip(valid))
             .map(|((req, key), (&lease, valid_until))| Grant {
-                lease: Box::new(EtcdLease {
-                    backend: self.clone(),
-                    name: req.name.to_owned(),
+                lease: Box::new(EtcdLease::new(
+                    self.clone(),
+                    req,
                     key,
                     lease,
                     rev,
-                    ttl: req.ttl,
-                    valid_until: Mutex::new(valid_until),
-                    finished: AtomicBool::new(false),
-                }),
+                    valid_until,
+                )),
                 fence: Some(fence),
                 valid_until,
             })

@@ -11,45 +11,15 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{connect, holder_lease, metric, raw, shared_lease_of};
 use etcd_client::{Client, DeleteOptions, GetOptions};
 use lockcore::{LockOptions, Wait};
 use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
-use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
+use lockcore_conformance::{run_serial, Ctx, Target, UrlHarness, COMPOSE_HINT};
 use lockcore_etcd::{lock_range, EtcdBackend, EtcdConfig, DEFAULT_PREFIX};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn connect(url: String) -> ConnectFuture {
-    Box::pin(async move { lockcore_etcd::connect(&url).await })
-}
-
-fn host(ctx: &Ctx) -> String {
-    let url = lockcore::raw::address::ServerUrl::parse(&ctx.config, 2379).expect("an etcd:// URL");
-    url.hosts[0].to_string()
-}
-
-async fn raw(ctx: &Ctx) -> Client {
-    Client::connect([format!("http://{}", host(ctx))], None)
-        .await
-        .expect("raw client")
-}
-
-/// The server's counter whose line in `/metrics` starts with `series`
-/// (its name and labels, as the server prints them).
-async fn metric(ctx: &Ctx, series: &str) -> u64 {
-    let mut s = tokio::net::TcpStream::connect(host(ctx))
-        .await
-        .expect("metrics");
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.expect("metrics body");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map(|v| v.trim().parse::<f64>().expect("a number"))
-        .unwrap_or_else(|| panic!("no series {series} in the server's /metrics")) as u64
-}
 
 /// The proposals the server has committed (every durable write, lease
 /// grants and revokes included; keepalives are not proposals).
@@ -63,16 +33,6 @@ async fn calls(ctx: &Ctx, service: &str, method: &str, kind: &str) -> u64 {
         "grpc_server_started_total{{grpc_method=\"{method}\",grpc_service=\"etcdserverpb.{service}\",grpc_type=\"{kind}\"}}"
     );
     metric(ctx, &series).await
-}
-
-/// The lease id of the holder's key of `name`, read on the server.
-async fn holder_lease(c: &mut Client, name: &str) -> Option<i64> {
-    let range = lock_range(DEFAULT_PREFIX, name);
-    let r = c
-        .get(range, Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("get");
-    r.kvs().first().map(|kv| kv.lease())
 }
 
 fn opts(ttl: u64) -> LockOptions {
@@ -232,6 +192,8 @@ async fn a_second_release_leaves_a_reused_lease_alone(ctx: Ctx) {
         lost: &lost,
         value: None,
         mode: lockcore::raw::Mode::Exclusive,
+        // Renewed by hand: it keeps its own lease (a renewed one moves).
+        renew: false,
     };
     let (a, n): (&'static str, &'static str) = (a.leak(), n.leak());
     let g1 = b.acquire(req(a)).await.unwrap().expect("a");
@@ -394,6 +356,9 @@ async fn renewals_share_a_few_streams(ctx: Ctx) {
     let l = ctx.harness.connect().await.expect("connect");
     let names: Vec<String> = (0..300).map(|i| ctx.name(&format!("many/{i}"))).collect();
     let guards = hold_all(&l, &names, Duration::from_secs(3)).await;
+    // Past the first renewals, whose moves onto the shared lease are writes.
+    let mut c = raw(&ctx).await;
+    shared_lease_of(&mut c, &names, Duration::from_secs(3)).await;
     let streams = || calls(&ctx, "Lease", "LeaseKeepAlive", "bidi_stream");
     let reads = || async {
         calls(&ctx, "KV", "Range", "unary").await + calls(&ctx, "KV", "Txn", "unary").await

@@ -562,6 +562,7 @@ async fn permit_counts_out_of_range_are_refused(ctx: Ctx) {
                 lost: &lost,
                 value: None,
                 mode: lockcore::raw::Mode::Permit { permits },
+                renew: true,
             })
             .await;
         let e = got.map(|g| g.is_some()).expect_err("a count out of range");

@@ -274,6 +274,7 @@ async fn redlock_tokens_are_never_reused(ctx: Ctx) {
                 lost: &lost,
                 value: None,
                 mode: lockcore::raw::Mode::Exclusive,
+                renew: true,
             })
             .await
             .expect("acquire")

@@ -329,6 +329,7 @@ impl Locker {
             lost: &lost,
             value,
             mode,
+            renew: opts.get_renew(),
         };
         let (at, call) = (Labels::of(backend, name, opts), crate::raw::now());
         let attempt = { self.backend.acquire(req) }

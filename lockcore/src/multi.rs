@@ -243,6 +243,7 @@ impl Locker {
                 lost,
                 value: None,
                 mode: Mode::Exclusive,
+                renew: opts.get_renew(),
             })
             .collect();
         // A try gets the Locker's grace for one request; a wait, its own

@@ -107,6 +107,7 @@ impl Backend for Migrating {
                     lost: &old_lost,
                     value: req.value,
                     mode: req.mode,
+                    renew: req.renew,
                 })
                 .await?
             else {
@@ -125,6 +126,7 @@ impl Backend for Migrating {
                 lost: &new_lost,
                 value: req.value,
                 mode: req.mode,
+                renew: req.renew,
             });
             let keeping = keep_alive(&*old_lease, req.ttl, &old_lost, &old_valid);
             let new = tokio::select! {

@@ -145,4 +145,11 @@ pub struct AcquireRequest<'a> {
     /// lock or a semaphore on a backend with a
     /// [native layout](crate::capabilities::Layout::Native) for it.
     pub mode: Mode,
+    /// Whether the guard's watchdog renews the lease
+    /// ([`LockOptions::renew`](crate::LockOptions::renew)). A lease renewed
+    /// only by hand ([`LockGuard::extend`](crate::LockGuard::extend)) must
+    /// end by its own ttl once its holder stops renewing it, so a backend
+    /// may attach a renewed lock to a lease it shares with others (etcd's
+    /// shared lease), never one that is not.
+    pub renew: bool,
 }
