@@ -15,10 +15,11 @@
 //!
 //! Renewals of one lease close together share a keepalive: a renewal that
 //! allows it (a shared lease's, see `shared.rs`) takes the answer of a
-//! keepalive of its lease sent at most its `fresh` window before, or joins
-//! one in flight that recent, and counts its validity from that
-//! keepalive's send time. So ten thousand locks on one lease cost a few
-//! keepalives a second, not ten thousand.
+//! keepalive of its lease sent at most its `fresh` window before (read
+//! where it asks, without a trip to the task), or joins one in flight that
+//! recent, and counts its validity from that keepalive's send time. So ten
+//! thousand locks on one lease cost a few keepalives a second, not ten
+//! thousand.
 //!
 //! At most [`IN_FLIGHT`] keepalives wait on a stream; the rest wait in the
 //! task, and those whose renewal gave up are dropped unsent. A stream that
@@ -27,11 +28,13 @@
 //! next renewal opens a new stream (perhaps to another member).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use futures_util::FutureExt;
 use lockcore::raw::prelude::*;
+use lockcore::raw::sync::lock;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::NAME;
@@ -70,7 +73,13 @@ pub(crate) struct KeepAlives {
     client: Client,
     servers: String,
     tasks: [Worker<Ask>; STREAMS],
+    /// The last answer for each lease renewed with a `fresh` window.
+    recent: Recent,
 }
+
+/// Each shared lease's last answer: when its keepalive was sent, and
+/// whether the lease lived. Written by the tasks, read by the renewals.
+type Recent = Arc<Mutex<HashMap<i64, (Instant, bool)>>>;
 
 impl KeepAlives {
     /// A handle for `client`; its tasks run on the current runtime.
@@ -83,6 +92,7 @@ impl KeepAlives {
             client,
             servers,
             tasks: std::array::from_fn(|_| Worker::new()),
+            recent: Recent::default(),
         }
     }
 
@@ -102,8 +112,17 @@ impl KeepAlives {
         limit: Duration,
         fresh: Duration,
     ) -> Result<Option<Instant>> {
+        let now = Instant::now();
+        if !fresh.is_zero() {
+            let since = now.checked_sub(fresh).unwrap_or(now);
+            if let Some(&(sent, alive)) = lock(&self.recent).get(&id) {
+                if sent >= since {
+                    return Ok(alive.then_some(sent));
+                }
+            }
+        }
         let (reply, answer) = oneshot::channel();
-        let deadline = Instant::now() + limit;
+        let deadline = now + limit;
         self.send(Ask {
             id,
             limit,
@@ -131,6 +150,7 @@ impl KeepAlives {
             Task {
                 client: self.client.clone(),
                 servers: self.servers.clone(),
+                recent: self.recent.clone(),
                 rx,
             }
             .run()
@@ -150,6 +170,8 @@ struct Open {
 /// One keepalive sent and not answered, and the renewals waiting on it.
 struct Pending {
     sent: Instant,
+    /// Asked with a `fresh` window: its answer is kept for others.
+    kept: bool,
     replies: Vec<Reply>,
 }
 
@@ -158,18 +180,24 @@ struct Pending {
 const RECENT: Duration = Duration::from_secs(1);
 
 /// The renewals sent on a stream and not answered.
-#[derive(Default)]
 struct Sent {
     /// By lease id, in the order sent.
     waiting: HashMap<i64, VecDeque<Pending>>,
     /// Until when each waits, in the order sent (the order answered).
     deadlines: VecDeque<Instant>,
-    /// Each lease's last answer: when its keepalive was sent, and whether
-    /// the lease lived.
-    recent: HashMap<i64, (Instant, bool)>,
+    /// The answers kept for renewals with a `fresh` window.
+    recent: Recent,
 }
 
 impl Sent {
+    fn new(recent: Recent) -> Self {
+        Sent {
+            waiting: HashMap::new(),
+            deadlines: VecDeque::new(),
+            recent,
+        }
+    }
+
     /// Answers `ask` from a keepalive of its lease sent within its
     /// `fresh` window (answered, or in flight); gives it back otherwise.
     fn join(&mut self, ask: Ask) -> Option<Ask> {
@@ -179,7 +207,7 @@ impl Sent {
         let Some(since) = Instant::now().checked_sub(ask.fresh) else {
             return Some(ask);
         };
-        if let Some(&(sent, alive)) = self.recent.get(&ask.id) {
+        if let Some(&(sent, alive)) = lock(&self.recent).get(&ask.id) {
             if sent >= since {
                 let _ = ask.reply.send(Ok(alive.then_some(sent)));
                 return None;
@@ -199,11 +227,13 @@ impl Sent {
         let Ask {
             id,
             deadline,
+            fresh,
             reply,
             ..
         } = ask;
         self.waiting.entry(id).or_default().push_back(Pending {
             sent,
+            kept: !fresh.is_zero(),
             replies: vec![reply],
         });
         self.deadlines.push_back(deadline);
@@ -215,7 +245,9 @@ impl Sent {
             if let Some(p) = q.pop_front() {
                 self.deadlines.pop_front();
                 let alive = ttl > 0;
-                self.recent.insert(id, (p.sent, alive));
+                if p.kept {
+                    lock(&self.recent).insert(id, (p.sent, alive));
+                }
                 for reply in p.replies {
                     let _ = reply.send(Ok(alive.then_some(p.sent)));
                 }
@@ -229,7 +261,7 @@ impl Sent {
     /// Forgets the answers too old for any renewal to take.
     fn prune(&mut self) {
         if let Some(since) = Instant::now().checked_sub(RECENT) {
-            self.recent.retain(|_, (sent, _)| *sent >= since);
+            lock(&self.recent).retain(|_, (sent, _)| *sent >= since);
         }
     }
 
@@ -265,6 +297,7 @@ impl Open {
 struct Task {
     client: Client,
     servers: String,
+    recent: Recent,
     rx: mpsc::UnboundedReceiver<Ask>,
 }
 
@@ -371,14 +404,15 @@ impl Task {
         let sent = Instant::now();
         let err = match tokio::time::timeout(ask.limit, lc.keep_alive(ask.id)).await {
             Ok(Ok((keeper, answers))) => {
+                if !ask.fresh.is_zero() {
+                    lock(&self.recent).insert(ask.id, (sent, true));
+                }
                 let _ = ask.reply.send(Ok(Some(sent)));
-                let mut fresh = Sent::default();
-                fresh.recent.insert(ask.id, (sent, true));
                 return Some(Open {
                     keeper,
                     answers,
                     outbox: VecDeque::new(),
-                    sent: fresh,
+                    sent: Sent::new(self.recent.clone()),
                 });
             }
             // The first answer said ttl 0: that lease is gone; the next

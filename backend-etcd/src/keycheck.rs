@@ -7,14 +7,21 @@
 //! default `--max-txn-ops` of 128; fewer, found by halving, when the server
 //! refuses that many), and each renewal gets its own key's answer. A few batches may be in flight at once, so a slow server does
 //! not hold renewals in a line.
+//!
+//! The keys on a shared lease (`shared.rs`) are checked by one read of
+//! that lease's attached keys (`LeaseTimeToLive` with keys), which serves
+//! every lock on it that asks within its window: a read sent after the
+//! lock moved there, and recently enough.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, GetOptions, LeaseTimeToLiveOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::raw::batch::{Batches, Waiting};
 use lockcore::raw::prelude::*;
+use lockcore::raw::sync::lock;
 use tokio::sync::oneshot;
 
 use crate::config::NAME;
@@ -50,6 +57,17 @@ pub(crate) struct KeyChecks {
     /// Reads per transaction, kept across tasks, lowered when the server
     /// refuses that many.
     batches: Batches<Check>,
+    /// The last read of each shared lease's keys; one read at a time each.
+    lists: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Option<KeyList>>>>>,
+}
+
+/// The keys attached to a lease, as one read found them.
+struct KeyList {
+    /// When the read was sent.
+    sent: Instant,
+    /// The lease lived (its ttl was above zero).
+    alive: bool,
+    keys: HashSet<Vec<u8>>,
 }
 
 impl KeyChecks {
@@ -65,7 +83,65 @@ impl KeyChecks {
             servers,
             limit,
             batches: Batches::new(WINDOW, PER_TXN, IN_FLIGHT),
+            lists: Mutex::default(),
         }
+    }
+
+    /// Whether `key` is attached to `lease`, by a read of the lease's keys
+    /// sent at `not_before` or later: the last one, or a new one (which
+    /// the renewals of the other locks on the lease then take).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub(crate) async fn attached(
+        &self,
+        lease: i64,
+        key: &str,
+        not_before: Instant,
+    ) -> Result<bool> {
+        let slot = lock(&self.lists).entry(lease).or_default().clone();
+        let mut list = slot.lock().await;
+        let fresh = list.as_ref().is_some_and(|l| l.sent >= not_before);
+        if !fresh {
+            let sent = Instant::now();
+            let mut lc = self.client.lease_client();
+            let opts = LeaseTimeToLiveOptions::new().with_keys();
+            let r = match tokio::time::timeout(self.limit, lc.time_to_live(lease, Some(opts))).await
+            {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    return Err(map_err(
+                        e,
+                        "reading the shared lease's keys",
+                        &self.servers,
+                        false,
+                    ))
+                }
+                Err(_) => {
+                    return Err(Error::unavailable(
+                        NAME,
+                        format!(
+                            "reading the shared lease's keys on {}: no answer within {:?}",
+                            self.servers, self.limit
+                        ),
+                    ))
+                }
+            };
+            *list = Some(KeyList {
+                sent,
+                alive: r.ttl() > 0,
+                keys: r.keys().iter().cloned().collect(),
+            });
+        }
+        Ok(list
+            .as_ref()
+            .is_some_and(|l| l.alive && l.keys.contains(key.as_bytes())))
+    }
+
+    /// Forgets the key list of `lease` (it ended).
+    pub(crate) fn forget(&self, lease: i64) {
+        lock(&self.lists).remove(&lease);
     }
 
     /// Whether `key` is still there with create revision `rev`, read

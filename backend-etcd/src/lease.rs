@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
@@ -93,8 +93,13 @@ pub(crate) struct EtcdLease {
     /// How old a keepalive of the shared lease a renewal takes the answer
     /// of (`shared::fresh` of the holder's ttl).
     window: Duration,
+    /// How old a read of the shared lease's keys a renewal takes (a third
+    /// of the holder's ttl).
+    check_window: Duration,
     /// The shared lease its key moved onto; 0 before.
     shared: AtomicI64,
+    /// When it moved there (when the move's answer came).
+    moved_at: OnceLock<Instant>,
     /// A move onto the shared lease was begun: it may have applied.
     move_sent: AtomicBool,
 }
@@ -122,7 +127,9 @@ impl EtcdLease {
             finished: AtomicBool::new(false),
             movable: req.renew,
             window: fresh(ttl.saturating_sub(req.lock_delay)),
+            check_window: ttl.saturating_sub(req.lock_delay) / 3,
             shared: AtomicI64::new(0),
+            moved_at: OnceLock::new(),
             move_sent: AtomicBool::new(false),
         }
     }
@@ -201,6 +208,7 @@ impl BackendLease for EtcdLease {
             );
             match Box::pin(moving).await {
                 Moved::Yes { to, since } => {
+                    let _ = self.moved_at.set(Instant::now());
                     self.shared.store(to, Ordering::Release);
                     let valid_until = validity_deadline(since, ttl);
                     *lock(&self.valid_until) = valid_until;
@@ -215,9 +223,21 @@ impl BackendLease for EtcdLease {
             s => (s, self.window),
         };
         let read = async {
-            match tokio::time::timeout(limit, b.inner.keychecks.still_there(&self.key, self.rev))
-                .await
-            {
+            let checks = &b.inner.keychecks;
+            let check = async {
+                match self.moved_at.get() {
+                    // One read of the shared lease's keys serves every lock
+                    // on it: one sent after this lock moved, and within a
+                    // third of its ttl.
+                    Some(&moved) if shared != 0 => {
+                        let recent = Instant::now().checked_sub(self.check_window);
+                        let not_before = recent.map_or(moved, |r| r.max(moved));
+                        checks.attached(shared, &self.key, not_before).await
+                    }
+                    _ => checks.still_there(&self.key, self.rev).await,
+                }
+            };
+            match tokio::time::timeout(limit, check).await {
                 Ok(r) => r,
                 Err(_) => Err(Error::unavailable(
                     NAME,
@@ -232,6 +252,7 @@ impl BackendLease for EtcdLease {
         let Some(sent) = alive? else {
             if shared != 0 {
                 b.inner.shared.forget(whole_seconds(self.ttl), shared);
+                b.inner.keychecks.forget(shared);
             }
             return Ok(Renewal::Lost);
         };

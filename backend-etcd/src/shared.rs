@@ -36,10 +36,16 @@ use crate::keys::lease_id_of;
 /// How many times a background delete or move-back is tried.
 const TRIES: u32 = 60;
 
-/// The shared lease of each ttl (whole seconds) of one backend.
+/// Locks moved onto one shared lease at most; the next get a new one. One
+/// read lists a lease's keys (`keycheck.rs`): this keeps it well under
+/// the client's 4 MiB message limit.
+const PER_LEASE: usize = 4096;
+
+/// The shared lease of each ttl (whole seconds) of one backend, and how
+/// many locks moved onto it.
 #[derive(Debug, Default)]
 pub(crate) struct SharedLeases {
-    by_ttl: Mutex<HashMap<u64, i64>>,
+    by_ttl: Mutex<HashMap<u64, (i64, usize)>>,
     /// Held while a shared lease is granted, so that the first renewals of
     /// locks acquired together wait for one grant instead of each making
     /// its own.
@@ -47,25 +53,38 @@ pub(crate) struct SharedLeases {
 }
 
 impl SharedLeases {
+    /// The lease for the next lock of `ttl_secs`, unless it has enough.
     fn current(&self, ttl_secs: u64) -> Option<i64> {
-        lock(&self.by_ttl).get(&ttl_secs).copied()
+        let by_ttl = lock(&self.by_ttl);
+        let &(id, moved) = by_ttl.get(&ttl_secs)?;
+        (moved < PER_LEASE).then_some(id)
     }
 
     fn set(&self, ttl_secs: u64, id: i64) {
-        lock(&self.by_ttl).insert(ttl_secs, id);
+        lock(&self.by_ttl).insert(ttl_secs, (id, 0));
+    }
+
+    /// Counts a lock moved onto `id`.
+    fn moved(&self, ttl_secs: u64, id: i64) {
+        if let Some((current, moved)) = lock(&self.by_ttl).get_mut(&ttl_secs) {
+            if *current == id {
+                *moved += 1;
+            }
+        }
     }
 
     /// Forgets `id` (found gone) unless another lease replaced it already.
     pub(crate) fn forget(&self, ttl_secs: u64, id: i64) {
         let mut by_ttl = lock(&self.by_ttl);
-        if by_ttl.get(&ttl_secs) == Some(&id) {
+        if by_ttl.get(&ttl_secs).map(|e| e.0) == Some(id) {
             by_ttl.remove(&ttl_secs);
         }
     }
 
-    /// Takes every shared lease (to revoke them when the backend goes).
+    /// Takes the current shared leases (to revoke them when the backend
+    /// goes; the earlier ones, full, end by their ttl).
     pub(crate) fn drain(&self) -> Vec<i64> {
-        lock(&self.by_ttl).drain().map(|(_, id)| id).collect()
+        lock(&self.by_ttl).drain().map(|(_, (id, _))| id).collect()
     }
 }
 
@@ -169,6 +188,7 @@ impl EtcdBackend {
         };
         match self.move_key(key, rev, to, limit).await {
             Ok(true) => {
+                self.inner.shared.moved(whole_seconds(ttl), to);
                 spawn_cleanup(
                     "revoke the lease an etcd lock moved off",
                     self.clone().revoke(from, limit),
