@@ -1,4 +1,4 @@
-//! The backend: acquire (a lease per held lock, recycled through
+//! The backend: acquire (a lease per acquisition, recycled through
 //! `spare.rs`, and a key per acquisition, then the wait of `wait.rs`),
 //! inspect, list.
 

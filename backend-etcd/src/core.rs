@@ -20,10 +20,11 @@ use crate::spare::SpareLeases;
 
 /// An etcd lock backend. Cheap to clone (clones share the connection).
 ///
-/// Each held lock has its own etcd lease (see the crate docs for why), and
-/// its lock key `<prefix>/<encoded name>/<lease id in hex>` is attached to
-/// it. The lease of a cleanly released lock is kept for the next
-/// acquisition with the same ttl.
+/// Each acquisition puts its lock key `<prefix>/<encoded name>/<lease id in
+/// hex>` on an etcd lease of its own; a lock the watchdog renews moves onto
+/// a lease shared with the others of its ttl at its first renewal (see the
+/// crate docs). The lease of a lock released before that is kept for the
+/// next acquisition with the same ttl.
 #[derive(Clone)]
 pub struct EtcdBackend {
     pub(crate) inner: Arc<Inner>,

@@ -34,13 +34,40 @@
 //! backend's candidates (one leader among both), and `etcdctl elect -l
 //! lockcore/<seg>` prints this backend's leader's value.
 //!
-//! **Leases.** Every held lock has its own etcd lease, granted with the
-//! lock's ttl (rounded up to whole seconds; the server may raise it to its
-//! minimum, about 1.5 × the election timeout, which only lengthens how long
-//! a dead holder's key lives). While the acquisition waits, the waiting
-//! future renews its lease at ttl/3; once granted, the guard's watchdog
-//! renews it at ttl/3 with one keepalive and one read of the key. The
-//! keepalives of a backend go on 16 long-lived `LeaseKeepAlive` streams
+//! **Leases.** Every acquisition puts its key on an etcd lease of its own,
+//! granted with the lock's ttl (rounded up to whole seconds; the server may
+//! raise it to its minimum, about 1.5 × the election timeout, which only
+//! lengthens how long a dead holder's key lives). While the acquisition
+//! waits, the waiting future renews its lease at ttl/3; once granted, the
+//! guard's watchdog renews it at ttl/3 with one keepalive and one read of
+//! the key.
+//!
+//! **The shared lease.** At its first renewal, a lock the watchdog renews
+//! moves its key onto a lease the backend shares among such locks of the
+//! same ttl (in whole seconds), as `concurrency.Session` holds all its
+//! mutexes on one lease: one transaction, compared on the key's create
+//! revision, puts the key again with its value on the shared lease (the
+//! create revision, the fencing token, stays), and the lease it leaves,
+//! attached to nothing, is revoked (its id is in the key's name, so no
+//! other lock may take it). A shared lease takes at most 4,096 locks; the
+//! next get a new one. A renewal then takes the answer of a keepalive of
+//! the shared lease sent within a twentieth of the holder's ttl (at most a
+//! second), counting its validity from that keepalive, and checks its key
+//! in one read of the shared lease's attached keys (`LeaseTimeToLive` with
+//! keys) sent after the lock moved and at most a third of the ttl before.
+//! So ten thousand held locks cost a few keepalives and reads a second, not
+//! ten thousand of each. Each lock keeps its own validity and lost signal;
+//! the shared lease's end (expired, revoked) loses every lock on it. A lock
+//! renewed only by hand ([`LockOptions::renew`](lockcore::LockOptions::renew)
+//! off, [`extend`](lockcore::LockGuard::extend)) never moves: it ends by its
+//! own ttl when its holder stops. A release deletes the key (compared on its
+//! create revision) and leaves the shared lease to the others; if that
+//! delete fails or is cut off, it is retried in the background until the
+//! server answers. An [`abandon`](lockcore::LockGuard::abandon)ed lock is
+//! moved in the background onto a lease of its own, granted then and never
+//! renewed, so it ends by its ttl, alone, as if its holder had died.
+//!
+//! The keepalives of a backend go on 16 long-lived `LeaseKeepAlive` streams
 //! (a lease always on the same one), which carry any lease's id and answer
 //! each in order (Go's `clientv3.Lease` keeps one; the server handles a
 //! stream's requests one after another, so under a heavy write load one
@@ -58,8 +85,8 @@
 //! less the drift allowance of `lockcore::raw::validity_deadline`)
 //! passes because the server could not be reached.
 //!
-//! **Recycling.** A lock released cleanly (its key deleted by the release)
-//! leaves its lease granted, attached to nothing, for the handle's next
+//! **Recycling.** A lock released cleanly before its first renewal (its key
+//! deleted by the release, still on its own lease) leaves that lease granted, attached to nothing, for the handle's next
 //! acquisition with the same ttl (in whole seconds), of any name. The next
 //! acquisition puts its key on that lease, renewing it beside the put unless
 //! it was renewed within the drift allowance of a fresh grant. So a lock
@@ -82,13 +109,13 @@
 //! whose renewal fails beside the put is revoked, and
 //! the acquisition starts again on a new one.
 //!
-//! A lease per lock rather than one per handle (as `concurrency.Session`
-//! shares one among its mutexes): lockcore's ttl is chosen per
-//! acquisition, locks without renewal must end after their own ttl, two
-//! owners on one handle must get distinct keys (the key holds the lease id),
-//! and [`abandon`](lockcore::LockGuard::abandon) must let exactly one lock's
-//! lease lapse. With one shared lease, its death would lose every lock of the
-//! handle at once, and a new lease would be needed for later acquisitions.
+//! A lease of its own first, and the shared one only from the first
+//! renewal: lockcore's ttl is chosen per acquisition; a lock cancelled
+//! while its key's put is in flight must not leave that key on a lease the
+//! other locks keep alive (its own lease is revoked instead, and the key
+//! goes with it, whatever the server applied); two owners on one handle get
+//! distinct keys (the key holds its own lease id); and a lock released
+//! before its first renewal, the common short hold, costs no move.
 //!
 //! **Promises.** Strict fencing: the token is the key's create revision,
 //! which rises with every write to the cluster, so successive holders of a
@@ -121,6 +148,7 @@ mod keepalive;
 mod keycheck;
 mod keys;
 mod lease;
+mod moves;
 mod multi;
 mod shared;
 mod spare;
