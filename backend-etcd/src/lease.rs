@@ -310,14 +310,6 @@ impl BackendLease for EtcdLease {
                     .delete_in_background(self.key.clone(), self.rev, limit),
             )
         });
-        if on_shared && self.shared.load(Ordering::Acquire) == 0 {
-            // A move that may not have applied: the key may still be on
-            // its own lease, which no lock may reuse.
-            spawn_cleanup(
-                "revoke the lease of a released etcd lock",
-                b.clone().revoke(self.lease, limit),
-            );
-        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.clone(),
@@ -381,6 +373,14 @@ impl BackendLease for EtcdLease {
             // Answered: the key is gone (deleted now, or before).
             if let (Ok(_), Some(leftover)) = (&res, leftover) {
                 leftover.disarm();
+            }
+            if self.shared.load(Ordering::Acquire) == 0 {
+                // A move that may not have applied: its own lease, which
+                // no lock may reuse, goes now that the delete is done.
+                spawn_cleanup(
+                    "revoke the lease of a released etcd lock",
+                    b.clone().revoke(self.lease, limit),
+                );
             }
         } else {
             let spare = Spare {
