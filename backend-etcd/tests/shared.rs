@@ -16,7 +16,7 @@ use common::{connect, holder_lease, metric, raw, shared_lease_of};
 use lockcore::{LockOptions, Wait};
 use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
-use lockcore_conformance::{run_serial, Ctx, Target, UrlHarness, COMPOSE_HINT};
+use lockcore_conformance::{run_serial, Ctx, Dir, Proxies, Target, UrlHarness, COMPOSE_HINT};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -174,6 +174,46 @@ async fn a_revoked_shared_lease_loses_every_lock_on_it(ctx: Ctx) {
     }
 }
 
+/// A lock on the shared lease whose release cannot reach the server (its
+/// handle's traffic blackholed until the release gives up) is deleted in
+/// the background once the server answers again, though the handle's other
+/// lock keeps the shared lease alive.
+async fn a_failed_release_on_the_shared_lease_is_finished_later(ctx: Ctx) {
+    let ttl = Duration::from_secs(9);
+    let proxies = Proxies::new();
+    let routed = proxies.route_url(&ctx.config, 2379).await.expect("proxy");
+    let l = lockcore_etcd::connect(&routed).await.expect("connect");
+    let other = ctx.harness.connect().await.expect("connect");
+    let mut c = raw(&ctx).await;
+    let names = vec![ctx.name("release-failed"), ctx.name("kept")];
+    let mut guards = hold_all(&l, &names, ttl).await;
+    shared_lease_of(&mut c, &names, ttl).await;
+    let kept = guards.pop().expect("two");
+    let g = guards.pop().expect("two");
+    proxies.blackhole(Dir::Both);
+    let released = g.release().await;
+    assert!(released.is_err(), "a release through a blackhole succeeded");
+    must_be_held(&other, &names[0]).await;
+    proxies.heal();
+    proxies.reset();
+    let start = Instant::now();
+    loop {
+        if let Some(g) = other.try_lock(&names[0]).await.unwrap() {
+            g.release().await.unwrap();
+            break;
+        }
+        assert!(
+            start.elapsed() < 2 * ttl,
+            "the key of the failed release is still held {:?} after the server answers again",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(kept.is_held(), "the other lock was lost");
+    must_be_held(&other, &names[1]).await;
+    kept.release().await.unwrap();
+}
+
 fn main() -> std::process::ExitCode {
     let url = |s: String| async move { Ok(UrlHarness::shared(s, connect)) };
     run_serial(vec![own_cases!(
@@ -184,5 +224,6 @@ fn main() -> std::process::ExitCode {
         keepalives_do_not_grow_with_the_locks_held,
         an_abandoned_lock_on_the_shared_lease_ends_by_its_ttl,
         a_revoked_shared_lease_loses_every_lock_on_it,
+        a_failed_release_on_the_shared_lease_is_finished_later,
     )])
 }
