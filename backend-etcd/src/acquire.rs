@@ -4,10 +4,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, LeaseGrantOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp,
-};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use lockcore::raw::prelude::*;
 use lockcore::raw::sync::lock;
 
@@ -20,36 +17,6 @@ use crate::spare::Spare;
 use crate::wait::Turn;
 
 impl EtcdBackend {
-    /// Grants `lease` with `ttl` (whole seconds); returns when the request
-    /// was sent.
-    pub(crate) async fn grant_lease(
-        &self,
-        lease: i64,
-        ttl: Duration,
-        limit: Duration,
-    ) -> Result<Instant> {
-        let mut lc = self.inner.client.lease_client();
-        let sent = Instant::now();
-        let granted = self
-            .request(
-                limit,
-                "granting a lease",
-                false,
-                lc.grant(
-                    i64::try_from(whole_seconds(ttl)).unwrap_or(i64::MAX),
-                    Some(LeaseGrantOptions::new().with_id(lease)),
-                ),
-            )
-            .await?;
-        if !granted.error().is_empty() {
-            return Err(Error::backend_error(
-                NAME,
-                format!("granting a lease: {}", granted.error()),
-            ));
-        }
-        Ok(sent)
-    }
-
     /// Puts `key` on `lease` if it does not exist yet, with `value` (a
     /// candidate's value, as `concurrency.Election` puts it; for a plain
     /// lock, its owner token behind [`OWNER_MARK`], where

@@ -19,61 +19,6 @@ use crate::error::is_transient;
 use crate::shared::{fresh, Moved};
 use crate::spare::Spare;
 
-impl EtcdBackend {
-    /// One keepalive of `lease` on the backend's shared stream: `Ok(true)`
-    /// renewed, `Ok(false)` the lease is gone (the server answered ttl 0).
-    pub(crate) async fn keep_alive_once(&self, lease: i64, limit: Duration) -> Result<bool> {
-        Ok(self
-            .keep_alive_within(lease, limit, Duration::ZERO)
-            .await?
-            .is_some())
-    }
-
-    /// Renews `lease`, taking the answer of a keepalive of it sent within
-    /// `fresh` if there is one: `Some(sent)` renewed by a keepalive sent
-    /// at `sent`, `None` the lease is gone.
-    pub(crate) async fn keep_alive_within(
-        &self,
-        lease: i64,
-        limit: Duration,
-        fresh: Duration,
-    ) -> Result<Option<Instant>> {
-        let renew = self.inner.keepalives.renew(lease, limit, fresh);
-        match tokio::time::timeout(limit, renew).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::unavailable(
-                NAME,
-                format!(
-                    "renewing the lease on {}: no answer within {limit:?}",
-                    self.inner.servers
-                ),
-            )),
-        }
-    }
-}
-
-impl EtcdBackend {
-    /// Revokes `lease` (deleting its keys), logging failures: the lease
-    /// then ends by its ttl.
-    pub(crate) async fn revoke(self, lease: i64, limit: Duration) {
-        let mut lc = self.inner.client.lease_client();
-        match tokio::time::timeout(limit, lc.revoke(lease)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(etcd_client::Error::GRpcStatus(s))) if s.code() == tonic::Code::NotFound => {}
-            Ok(Err(e)) => {
-                tracing::debug!(backend = NAME, lease, error = %e, "revoking a lease failed; it ends by its ttl")
-            }
-            Err(_) => {
-                tracing::debug!(
-                    backend = NAME,
-                    lease,
-                    "revoking a lease timed out; it ends by its ttl"
-                )
-            }
-        }
-    }
-}
-
 /// One granted lock: its key, its lease and the key's create revision.
 pub(crate) struct EtcdLease {
     backend: EtcdBackend,
@@ -102,6 +47,8 @@ pub(crate) struct EtcdLease {
     moved_at: OnceLock<Instant>,
     /// A move onto the shared lease was begun: it may have applied.
     move_sent: AtomicBool,
+    /// Abandoned: no renewal moves it onto the shared lease any more.
+    abandoned: AtomicBool,
 }
 
 impl EtcdLease {
@@ -131,6 +78,7 @@ impl EtcdLease {
             shared: AtomicI64::new(0),
             moved_at: OnceLock::new(),
             move_sent: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
         }
     }
 
@@ -159,6 +107,19 @@ impl EtcdLease {
     }
 }
 
+impl EtcdLease {
+    /// Moves the key, wherever it is, onto a lease of its own that is
+    /// never renewed, in the background.
+    fn move_back(&self) {
+        let b = &self.backend;
+        spawn_cleanup(
+            "move an abandoned etcd lock key off the shared lease",
+            b.clone()
+                .move_back(self.key.clone(), self.rev, self.ttl, b.op_timeout(self.ttl)),
+        );
+    }
+}
+
 impl fmt::Debug for EtcdLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdLease")
@@ -180,9 +141,9 @@ impl BackendLease for EtcdLease {
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped renewal at most extended the lease, or moved
-    /// the key onto the shared lease (the next renewal moves it again,
-    /// which changes nothing; a release or an abandon after it deals with
-    /// the key wherever it is).
+    /// the key onto the shared lease. The next renewal's move is answered
+    /// with where the key is (and takes no validity until it is); a release
+    /// or an abandon after it deals with the key wherever it is.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         self.check_ttl(ttl)?;
         if self.finished.load(Ordering::Acquire) {
@@ -194,8 +155,11 @@ impl BackendLease for EtcdLease {
         // applied: the key may be on the shared lease).
         let mut cap = None;
         let shared = self.shared.load(Ordering::Acquire);
-        if shared == 0 && self.movable {
-            self.move_sent.store(true, Ordering::Release);
+        if shared == 0 && self.movable && !self.abandoned.load(Ordering::SeqCst) {
+            // An earlier move may have applied, its answer lost: until a
+            // move is answered, the key may be on a shared lease this lock
+            // does not renew, so no validity comes from its own.
+            let unsettled = self.move_sent.load(Ordering::SeqCst);
             // Boxed: once per lock, and its requests' futures are large; in
             // line, every renewal would make room for them and copy it.
             let moving = b.move_to_shared(
@@ -205,16 +169,37 @@ impl BackendLease for EtcdLease {
                 self.ttl,
                 self.window,
                 limit,
+                &self.move_sent,
             );
-            match Box::pin(moving).await {
+            let unsettled_error = || {
+                Error::unavailable(
+                    NAME,
+                    format!(
+                        "renewing the lock on {}: its key's move onto the shared lease is not settled",
+                        b.inner.servers
+                    ),
+                )
+            };
+            let moved = match tokio::time::timeout(limit, Box::pin(moving)).await {
+                Ok(moved) => moved,
+                // Cut off before the move was sent: nothing changed.
+                Err(_) if !self.move_sent.load(Ordering::SeqCst) => Moved::No { since: None },
+                Err(_) => return Err(unsettled_error()),
+            };
+            match moved {
                 Moved::Yes { to, since } => {
                     let _ = self.moved_at.set(Instant::now());
                     self.shared.store(to, Ordering::Release);
+                    if self.abandoned.load(Ordering::SeqCst) {
+                        // Abandoned meanwhile: off the shared lease again.
+                        self.move_back();
+                    }
                     let valid_until = validity_deadline(since, ttl);
                     *lock(&self.valid_until) = valid_until;
                     return Ok(Renewal::Renewed { valid_until });
                 }
                 Moved::Gone => return Ok(Renewal::Lost),
+                Moved::No { .. } if unsettled => return Err(unsettled_error()),
                 Moved::No { since } => cap = since,
             }
         }
@@ -403,7 +388,7 @@ impl BackendLease for EtcdLease {
     }
 
     /// Nothing to stop: after the grant this lease is renewed only by the
-    /// guard's watchdog (which `abandon` stops), never in the background.
+    /// guard's watchdog, never in the background.
     /// The key stays on the server until the lease's ttl runs out, exactly
     /// as when the holding process dies. A key that may be on the shared
     /// lease, which the handle's other locks keep alive, is first moved in
@@ -411,13 +396,11 @@ impl BackendLease for EtcdLease {
     /// renewed.
     fn abandon(&self) {
         tracing::debug!(backend = NAME, key = %self.key, "lease abandoned; it ends by its ttl");
-        if self.move_sent.load(Ordering::Acquire) && !self.finished.load(Ordering::Acquire) {
-            let b = &self.backend;
-            spawn_cleanup(
-                "move an abandoned etcd lock key off the shared lease",
-                b.clone()
-                    .move_back(self.key.clone(), self.rev, self.ttl, b.op_timeout(self.ttl)),
-            );
+        // A renewal running now sees the flag after its move (SeqCst on
+        // both sides: one of the two moves the key back).
+        self.abandoned.store(true, Ordering::SeqCst);
+        if self.move_sent.load(Ordering::SeqCst) && !self.finished.load(Ordering::Acquire) {
+            self.move_back();
         }
     }
 }

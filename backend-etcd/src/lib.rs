@@ -40,7 +40,7 @@
 //! lengthens how long a dead holder's key lives). While the acquisition
 //! waits, the waiting future renews its lease at ttl/3; once granted, the
 //! guard's watchdog renews it at ttl/3 with one keepalive and one read of
-//! the key.
+//! the key, until the key moves onto the shared lease (below).
 //!
 //! **The shared lease.** At its first renewal, a lock the watchdog renews
 //! moves its key onto a lease the backend shares among such locks of the
@@ -49,7 +49,7 @@
 //! revision, puts the key again with its value on the shared lease (the
 //! create revision, the fencing token, stays), and the lease it leaves,
 //! attached to nothing, is revoked (its id is in the key's name, so no
-//! other lock may take it). A shared lease takes at most 4,096 locks; the
+//! other lock may take it). A shared lease takes at most 2,048 moves; the
 //! next get a new one. A renewal then takes the answer of a keepalive of
 //! the shared lease sent within a twentieth of the holder's ttl (at most a
 //! second), counting its validity from that keepalive, and checks its key
@@ -65,7 +65,12 @@
 //! delete fails or is cut off, it is retried in the background until the
 //! server answers. An [`abandon`](lockcore::LockGuard::abandon)ed lock is
 //! moved in the background onto a lease of its own, granted then and never
-//! renewed, so it ends by its ttl, alone, as if its holder had died.
+//! renewed, so it ends by its ttl, alone, as if its holder had died. A move
+//! is compared on the lease the key is on, so one that reaches the server
+//! late changes nothing; until a move is answered, the lock takes no
+//! validity from its own lease (its renewals fail, and are retried). A lost
+//! lock whose guard is kept, unreleased, stays on the shared lease until the
+//! guard is released or dropped.
 //!
 //! The keepalives of a backend go on 16 long-lived `LeaseKeepAlive` streams
 //! (a lease always on the same one), which carry any lease's id and answer
@@ -81,12 +86,14 @@
 //! dropped and its waiting renewals fail (and are retried, as any failed
 //! renewal, while the validity lasts). The lost
 //! signal fires when a keepalive answers ttl 0, when the key is gone, or when
-//! the validity deadline (send time of the last successful renewal + ttl,
+//! the validity deadline (send time of the keepalive whose answer the last
+//! successful renewal took + ttl,
 //! less the drift allowance of `lockcore::raw::validity_deadline`)
 //! passes because the server could not be reached.
 //!
-//! **Recycling.** A lock released cleanly before its first renewal (its key
-//! deleted by the release, still on its own lease) leaves that lease granted, attached to nothing, for the handle's next
+//! **Recycling.** A lock released cleanly while its key is still on its own
+//! lease (before its first renewal, or renewed only by hand; its key
+//! deleted by the release) leaves that lease granted, attached to nothing, for the handle's next
 //! acquisition with the same ttl (in whole seconds), of any name. The next
 //! acquisition puts its key on that lease, renewing it beside the put unless
 //! it was renewed within the drift allowance of a fresh grant. So a lock
@@ -144,6 +151,7 @@ mod backend;
 pub mod config;
 mod core;
 mod error;
+mod grant;
 mod keepalive;
 mod keycheck;
 mod keys;

@@ -11,9 +11,10 @@
 //! answers; an abandoned one moves back onto a lease of its own, granted
 //! then and never renewed, so it ends by its ttl as if its holder had died.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use lockcore::raw::prelude::*;
 use lockcore::raw::retry::Backoff;
 
@@ -64,14 +65,29 @@ impl EtcdBackend {
         Ok((id, sent))
     }
 
-    /// Puts `key`, if its create revision is `rev`, again with its value
-    /// on lease `to`: `Ok(true)` moved, `Ok(false)` the key is gone or
-    /// another lock's.
-    async fn move_key(&self, key: &str, rev: i64, to: i64, limit: Duration) -> Result<bool> {
+    /// Puts `key`, if its create revision is `rev` (and, with `from`, it
+    /// is on that lease), again with its value on lease `to`. Answers the
+    /// lease the key is on after the call (`to` when moved), or `None`
+    /// when the key is gone or another lock's. Compared on `from`, a move
+    /// that reaches the server late changes nothing once the key has gone
+    /// elsewhere.
+    async fn move_key(
+        &self,
+        key: &str,
+        rev: i64,
+        from: Option<i64>,
+        to: i64,
+        limit: Duration,
+    ) -> Result<Option<i64>> {
         let put = PutOptions::new().with_lease(to).with_ignore_value();
+        let mut when = vec![Compare::create_revision(key, CompareOp::Equal, rev)];
+        if let Some(from) = from {
+            when.push(Compare::lease(key, CompareOp::Equal, from));
+        }
         let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, rev)])
-            .and_then([TxnOp::put(key, "", Some(put))]);
+            .when(when)
+            .and_then([TxnOp::put(key, "", Some(put))])
+            .or_else([TxnOp::get(key, None)]);
         let mut kv = self.inner.client.kv_client();
         let r = self
             .request(
@@ -81,12 +97,24 @@ impl EtcdBackend {
                 kv.txn(txn),
             )
             .await?;
-        Ok(r.succeeded())
+        if r.succeeded() {
+            return Ok(Some(to));
+        }
+        Ok(match r.op_responses().first() {
+            Some(TxnOpResponse::Get(g)) => g
+                .kvs()
+                .first()
+                .filter(|kv| kv.create_revision() == rev)
+                .map(etcd_client::KeyValue::lease),
+            _ => None,
+        })
     }
 
     /// Moves `key` (create revision `rev`, on lease `from`) onto the shared
     /// lease of `ttl` (renewed, or its answer taken within `window`), and
-    /// revokes `from` once it is attached to nothing.
+    /// revokes `from` once it is attached to nothing. `sent` is set just
+    /// before the move is sent (from then on it may apply).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn move_to_shared(
         &self,
         key: &str,
@@ -95,6 +123,7 @@ impl EtcdBackend {
         ttl: Duration,
         window: Duration,
         limit: Duration,
+        sent: &AtomicBool,
     ) -> Moved {
         let (to, since) = match self.shared_lease(ttl, window, limit).await {
             Ok(s) => s,
@@ -103,16 +132,36 @@ impl EtcdBackend {
                 return Moved::No { since: None };
             }
         };
-        match self.move_key(key, rev, to, limit).await {
-            Ok(true) => {
-                self.inner.shared.moved(whole_seconds(ttl), to);
+        sent.store(true, Ordering::SeqCst);
+        match self.move_key(key, rev, Some(from), to, limit).await {
+            Ok(Some(on)) if on == to => {
                 spawn_cleanup(
                     "revoke the lease an etcd lock moved off",
                     self.clone().revoke(from, limit),
                 );
                 Moved::Yes { to, since }
             }
-            Ok(false) => Moved::Gone,
+            // An earlier move, whose answer was lost, took it to another
+            // shared lease: it stays there, renewed from now on.
+            Ok(Some(on)) if on != from && on != 0 => {
+                match self.keep_alive_within(on, limit, window).await {
+                    Ok(Some(since)) => {
+                        spawn_cleanup(
+                            "revoke the lease an etcd lock moved off",
+                            self.clone().revoke(from, limit),
+                        );
+                        Moved::Yes { to: on, since }
+                    }
+                    Ok(None) => Moved::Gone,
+                    Err(e) => {
+                        tracing::debug!(backend = NAME, error = %e, "renewing the shared lease a lock key is on failed");
+                        Moved::No { since: None }
+                    }
+                }
+            }
+            // Still on its own lease (not moved; nothing was applied).
+            Ok(Some(_)) => Moved::No { since: None },
+            Ok(None) => Moved::Gone,
             Err(e) => {
                 tracing::debug!(backend = NAME, error = %e, "moving a lock key to the shared lease failed");
                 if is_lease_not_found(&e) {
@@ -156,13 +205,13 @@ impl EtcdBackend {
         for _ in 0..TRIES {
             let own = lease_id_of(OwnerToken::random());
             let moved = match self.grant_lease(own, ttl, limit).await {
-                Ok(_) => self.move_key(&key, rev, own, limit).await,
+                Ok(_) => self.move_key(&key, rev, None, own, limit).await,
                 Err(e) => Err(e),
             };
             match moved {
-                Ok(true) => return,
+                Ok(Some(_)) => return,
                 // Gone already: the new lease has nothing attached.
-                Ok(false) => {
+                Ok(None) => {
                     self.revoke(own, limit).await;
                     return;
                 }

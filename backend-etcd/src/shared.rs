@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use lockcore::raw::sync::lock;
 
-/// Locks moved onto one shared lease at most; the next get a new one. One
-/// read lists a lease's keys (`keycheck.rs`): this keeps it well under
-/// the client's 4 MiB message limit.
-const PER_LEASE: usize = 4096;
+/// Moves onto one shared lease at most; the next get a new one. One read
+/// lists a lease's keys (`keycheck.rs`): with keys of the longest names
+/// (about 800 bytes), this keeps it under half the client's 4 MiB message
+/// limit.
+const PER_LEASE: usize = 2048;
 
 /// The shared lease of each ttl (whole seconds) of one backend, and how
 /// many locks moved onto it.
@@ -33,24 +34,20 @@ pub(crate) struct SharedLeases {
 }
 
 impl SharedLeases {
-    /// The lease for the next lock of `ttl_secs`, unless it has enough.
+    /// The lease for the next lock of `ttl_secs`, its place counted now
+    /// (a move that then fails keeps it), unless it has enough.
     pub(crate) fn current(&self, ttl_secs: u64) -> Option<i64> {
-        let by_ttl = lock(&self.by_ttl);
-        let &(id, moved) = by_ttl.get(&ttl_secs)?;
-        (moved < PER_LEASE).then_some(id)
+        let mut by_ttl = lock(&self.by_ttl);
+        let (id, moved) = by_ttl.get_mut(&ttl_secs)?;
+        (*moved < PER_LEASE).then(|| {
+            *moved += 1;
+            *id
+        })
     }
 
+    /// A new shared lease for `ttl_secs`, its first place taken.
     pub(crate) fn set(&self, ttl_secs: u64, id: i64) {
-        lock(&self.by_ttl).insert(ttl_secs, (id, 0));
-    }
-
-    /// Counts a lock moved onto `id`.
-    pub(crate) fn moved(&self, ttl_secs: u64, id: i64) {
-        if let Some((current, moved)) = lock(&self.by_ttl).get_mut(&ttl_secs) {
-            if *current == id {
-                *moved += 1;
-            }
-        }
+        lock(&self.by_ttl).insert(ttl_secs, (id, 1));
     }
 
     /// Forgets `id` (found gone) unless another lease replaced it already.
