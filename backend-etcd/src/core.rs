@@ -12,7 +12,7 @@ use lockcore::raw::address::Secret;
 use lockcore::raw::prelude::*;
 
 use crate::config::{EtcdConfig, NAME};
-use crate::error::map_err;
+use crate::error::{map_err, On};
 use crate::keepalive::KeepAlives;
 use crate::keycheck::KeyChecks;
 use crate::shared::SharedLeases;
@@ -241,6 +241,6 @@ impl EtcdBackend {
     ) -> Result<T> {
         let servers = &self.inner.servers;
         let asked = async { fut.await.map_err(|e| map_err(e, what, servers, mutating)) };
-        within(NAME, format!("{what} on {servers}"), limit, mutating, asked).await
+        within(NAME, On(what, servers), limit, mutating, asked).await
     }
 }

@@ -4,6 +4,16 @@ use lockcore::{Error, ErrorKind};
 
 use crate::config::NAME;
 
+/// "`what` on `servers`", for the error of a request that did not answer
+/// in time: written only when that error is made, not at every request.
+pub(crate) struct On<'a>(pub(crate) &'a str, pub(crate) &'a str);
+
+impl std::fmt::Display for On<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} on {}", self.0, self.1)
+    }
+}
+
 /// Maps a client error to the lockcore kind. `mutating`: the request may
 /// have created state, so a cut-off one is `Indeterminate`.
 pub(crate) fn map_err(e: etcd_client::Error, what: &str, servers: &str, mutating: bool) -> Error {

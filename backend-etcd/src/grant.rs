@@ -8,6 +8,7 @@ use lockcore::raw::prelude::*;
 
 use crate::config::NAME;
 use crate::core::EtcdBackend;
+use crate::error::On;
 
 impl EtcdBackend {
     /// Grants `lease` with `ttl` (whole seconds); returns when the request
@@ -59,16 +60,8 @@ impl EtcdBackend {
         fresh: Duration,
     ) -> Result<Option<Instant>> {
         let renew = self.inner.keepalives.renew(lease, limit, fresh);
-        match tokio::time::timeout(limit, renew).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::unavailable(
-                NAME,
-                format!(
-                    "renewing the lease on {}: no answer within {limit:?}",
-                    self.inner.servers
-                ),
-            )),
-        }
+        let what = On("renewing the lease", &self.inner.servers);
+        within(NAME, what, limit, false, renew).await
     }
 }
 

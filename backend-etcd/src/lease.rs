@@ -15,7 +15,7 @@ use lockcore::raw::sync::lock;
 
 use crate::config::NAME;
 use crate::core::EtcdBackend;
-use crate::error::is_transient;
+use crate::error::{is_transient, On};
 use crate::shared::{fresh, Moved};
 use crate::spare::Spare;
 
@@ -222,16 +222,8 @@ impl BackendLease for EtcdLease {
                     _ => checks.still_there(&self.key, self.rev).await,
                 }
             };
-            match tokio::time::timeout(limit, check).await {
-                Ok(r) => r,
-                Err(_) => Err(Error::unavailable(
-                    NAME,
-                    format!(
-                        "reading the lock key on {}: no answer within {limit:?}",
-                        b.inner.servers
-                    ),
-                )),
-            }
+            let what = On("reading the lock key", &b.inner.servers);
+            within(NAME, what, limit, false, check).await
         };
         let (alive, still) = tokio::join!(b.keep_alive_within(on, limit, window), read);
         let Some(sent) = alive? else {
