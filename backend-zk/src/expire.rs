@@ -19,15 +19,6 @@ const EXPIRE_FOR: Duration = Duration::from_secs(60);
 /// once in the same order.
 const TWIN_PAUSE: Duration = Duration::from_millis(20);
 
-/// How long, after a twin closed, this handle is given to see its session
-/// end before the next twin. Not longer: when the close got through, the
-/// next twin is refused with `SessionExpired` at once (and that ends the
-/// loop); when this handle took the session back first, waiting longer
-/// only leaves fewer tries within [`EXPIRE_FOR`]. (A wait of a connect
-/// timeout and a session timeout, 15 s and more, left three tries, and on
-/// a loaded machine this handle won all three races.)
-const TWIN_WAIT: Duration = Duration::from_secs(2);
-
 impl Session {
     /// Closes the session on the server from a second handle on the same
     /// session id and password, as ZooKeeper's own tests expire a session
@@ -66,16 +57,15 @@ impl Session {
                 // wait until our handle sees the end, else try again.
                 Ok(Ok(twin)) => {
                     drop(twin);
-                    let wait = TWIN_WAIT.min(cfg.connect_timeout + self.timeout);
-                    let seen = tokio::time::timeout(wait, self.dead());
+                    let seen =
+                        tokio::time::timeout(cfg.connect_timeout + self.timeout, self.dead());
                     if seen.await.is_ok() {
                         return Ok(());
                     }
                     last = Some(Error::unavailable(
                         NAME,
-                        format!("session {:#x} outlived its closing twins", self.id),
+                        format!("session {:#x} outlived its closing twin", self.id),
                     ));
-                    tokio::time::sleep(TWIN_PAUSE).await;
                 }
                 Ok(Err(zk::Error::SessionExpired)) => return Ok(()),
                 // The session's own handle took it back during the twin's
