@@ -142,7 +142,43 @@ pub(crate) struct Labels<'a> {
 mod emit {
     use metrics::Label;
 
-    use super::Labels;
+    use std::sync::Mutex;
+
+    use metrics::Key;
+
+    use super::{Labels, RENEWALS, SERVER_CALL};
+    use crate::raw::sync::lock;
+
+    /// What the `metrics` macros of this module's parent give the recorder
+    /// (its module path as target, level INFO).
+    pub(super) static METADATA: metrics::Metadata<'static> = metrics::Metadata::new(
+        "lockcore::observe",
+        metrics::Level::INFO,
+        Some("lockcore::observe"),
+    );
+
+    /// The keys of a successful renewal on `backend`, without the lock's
+    /// name: the `renew` server call and the `ok` renewal. Made at the
+    /// first renewal on that backend and kept for the process (one pair a
+    /// backend name, of which a program has a few).
+    pub(super) fn renewal_keys(backend: &'static str) -> &'static (Key, Key) {
+        type Keys = Vec<(&'static str, &'static (Key, Key))>;
+        static KEYS: Mutex<Keys> = Mutex::new(Vec::new());
+        let mut keys = lock(&KEYS);
+        if let Some((_, k)) = keys.iter().find(|(b, _)| *b == backend) {
+            return k;
+        }
+        let at = Labels {
+            backend,
+            name: None,
+        };
+        let made: &'static (Key, Key) = Box::leak(Box::new((
+            Key::from_parts(SERVER_CALL, labels(at, &[("operation", "renew")])),
+            Key::from_parts(RENEWALS, labels(at, &[("result", "ok")])),
+        )));
+        keys.push((backend, made));
+        made
+    }
 
     /// The labels of `at` and `more`.
     pub(super) fn labels(at: Labels<'_>, more: &[(&'static str, &'static str)]) -> Vec<Label> {
@@ -195,4 +231,28 @@ pub(crate) fn seconds(
 pub(crate) fn gauge(metric: &'static str, at: Labels<'_>, by: f64) {
     #[cfg(feature = "metrics")]
     metrics::gauge!(metric, emit::labels(at, &[])).increment(by);
+}
+
+/// Records a successful renewal of a lease at `at` whose server call took
+/// `took`: the same as [`server_call`] (`renew`) and [`count`] of
+/// [`RENEWALS`] (`ok`). Without the lock's name among the labels (the
+/// default), their keys are made once per backend and kept, rather than
+/// made (two label lists, two hashes) at every renewal.
+#[allow(unused_variables)]
+pub(crate) fn renewed(at: Labels<'_>, took: Duration) {
+    #[cfg(feature = "metrics")]
+    match at.name {
+        None => {
+            let (call, ok) = emit::renewal_keys(at.backend);
+            metrics::with_recorder(|r| {
+                r.register_histogram(call, &emit::METADATA)
+                    .record(took.as_secs_f64());
+                r.register_counter(ok, &emit::METADATA).increment(1);
+            });
+        }
+        Some(_) => {
+            server_call(at, "renew", took);
+            count(RENEWALS, at, &[("result", "ok")]);
+        }
+    }
 }

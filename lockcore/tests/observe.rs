@@ -141,6 +141,52 @@ async fn acquisitions_holds_renewals_and_losses_are_counted() {
 }
 
 #[tokio::test]
+async fn renewals_without_the_name_are_counted() {
+    snapshotter();
+    let l = Locker::memory();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .wait(Wait::Try);
+    let ok = [("backend", "memory"), ("result", "ok")];
+    let call = [("backend", "memory"), ("operation", "renew")];
+    let count = |v: Option<Seen>| match v {
+        Some(Seen::Count(n)) => n,
+        _ => 0,
+    };
+    let samples = |v: Option<Seen>| match v {
+        Some(Seen::Samples(n)) => n,
+        _ => 0,
+    };
+    let (ok0, call0) = (
+        count(value(RENEWALS, &ok)),
+        samples(value(SERVER_CALL, &call)),
+    );
+    let g = l
+        .acquire("observe/renewed-unnamed", &opts)
+        .await
+        .unwrap()
+        .expect("free");
+    // A 1 s ttl is renewed every third of a second: two renewals within
+    // 10 s, each a counted renewal and a timed server call.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (oks, calls) = (
+            count(value(RENEWALS, &ok)),
+            samples(value(SERVER_CALL, &call)),
+        );
+        if oks >= ok0 + 2 && calls >= call0 + 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "renewals {oks} (from {ok0}), renew calls {calls} (from {call0})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn names_are_labels_only_when_asked() {
     snapshotter();
     let l = Locker::memory();

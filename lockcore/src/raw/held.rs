@@ -252,10 +252,15 @@ impl Held {
     }
 
     pub(crate) fn is_held(&self) -> bool {
+        self.is_held_at(crate::raw::now())
+    }
+
+    /// [`Held::is_held`] at `now`, read by the caller.
+    fn is_held_at(&self, now: Instant) -> bool {
         if self.released.load(Ordering::Acquire) || self.lost.is_cancelled() {
             return false;
         }
-        if crate::raw::now() >= self.valid_until() {
+        if now >= self.valid_until() {
             self.mark_lost("the validity deadline passed without a successful renewal");
             return false;
         }
@@ -314,7 +319,11 @@ impl Held {
     /// reply never overwrites a later one.
     pub(crate) async fn renew_now(self: &Arc<Self>, ttl: Option<Duration>) -> Result<Instant> {
         let _turn = self.renewing.lock().await;
-        if !self.is_held() {
+        // The send time, read once. Read before a shorter ttl's
+        // `may_shorten_to` below, it only makes the validity counted from
+        // it shorter.
+        let sent = crate::raw::now();
+        if !self.is_held_at(sent) {
             return Err(self.lost_error("cannot renew"));
         }
         if let Some(t) = ttl {
@@ -340,7 +349,6 @@ impl Held {
         }
         let use_ttl = ttl.unwrap_or_else(|| self.ttl());
         let deadline = self.valid_until();
-        let sent = crate::raw::now();
         let outcome =
             tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl + self.delay)).await;
         self.renewed(sent, &outcome);

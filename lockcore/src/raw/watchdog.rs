@@ -151,7 +151,7 @@ impl Watchdog {
                 let tick = tokio::time::Instant::now() + TICK;
                 queue.entries.insert_at(Entry::Tick, tick);
             }
-            queue.put(item, at);
+            queue.put(item, at, crate::raw::now());
         }
         self.ensure_running();
     }
@@ -336,8 +336,11 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
             };
         };
         let mut queue = lock(&wd.queue);
-        for (item, next) in again.iter() {
-            queue.put(item, *next);
+        if !again.is_empty() {
+            let now = crate::raw::now();
+            for (item, next) in again.iter() {
+                queue.put(item, *next, now);
+            }
         }
         // The entries due now (up to a pass's worth), each check started.
         let mut started = 0;

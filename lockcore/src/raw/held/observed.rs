@@ -34,7 +34,6 @@ impl Held {
         outcome: &std::result::Result<Result<Renewal>, E>,
     ) {
         let took = sent.elapsed();
-        observe::server_call(self.labels(), "renew", took);
         let failed = match outcome {
             Ok(Ok(Renewal::Renewed { .. })) => None,
             Ok(Ok(Renewal::Lost)) => Some("lost"),
@@ -42,8 +41,9 @@ impl Held {
             Err(_) => Some("timeout"),
         };
         match failed {
-            None => observe::count(observe::RENEWALS, self.labels(), &[("result", "ok")]),
+            None => observe::renewed(self.labels(), took),
             Some(kind) => {
+                observe::server_call(self.labels(), "renew", took);
                 let labels = [("result", "error"), ("kind", kind)];
                 observe::count(observe::RENEWALS, self.labels(), &labels);
             }

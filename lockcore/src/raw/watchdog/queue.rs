@@ -67,15 +67,15 @@ impl Queue {
             .collect()
     }
 
-    /// Puts `item` in the queue at `at` ([`coalesced`], clamped to its
-    /// `not_after`), or moves it there if it is in already. Called with the
-    /// queue locked.
-    pub(super) fn put(&mut self, item: &Arc<dyn Watched>, at: Instant) {
+    /// Puts `item` in the queue at `at` ([`coalesced`] as seen at `now`,
+    /// clamped to its `not_after`), or moves it there if it is in already.
+    /// Called with the queue locked; `now` is read once for all the items
+    /// put back together.
+    pub(super) fn put(&mut self, item: &Arc<dyn Watched>, at: Instant, now: Instant) {
         // A renewal in the steady state (with at least as long left after
         // it as until it) comes due with others near it; a check near the
         // item's validity deadline (a last try, or the lost signal) keeps
         // its time.
-        let now = crate::raw::now();
         let not_after = item.not_after();
         let at = if not_after.saturating_duration_since(at) >= at.saturating_duration_since(now) {
             coalesced(at, now, *self.grid.get_or_insert(now))
