@@ -81,14 +81,16 @@ impl BackendLease for RedisLease {
         let renewing = match self.with_value {
             Some(fence) => {
                 let (ttl_arg, keep, fence) = (ttl_ms(ttl), ttl_ms(FENCE_KEEP), fence.to_string());
-                self.conn
-                    .script_synced(
-                        &RENEW_WITH_VALUE,
-                        &[&self.keys.lock, &self.keys.value, &self.keys.fence],
-                        &[&self.token, &ttl_arg, &keep, &fence],
-                        self.sync,
-                    )
-                    .await
+                // Boxed, as below: a script call's future is large, and in
+                // line it would make every renewal's future (allocated per
+                // renewal) as large, the common batched one too.
+                Box::pin(self.conn.script_synced(
+                    &RENEW_WITH_VALUE,
+                    &[&self.keys.lock, &self.keys.value, &self.keys.fence],
+                    &[&self.token, &ttl_arg, &keep, &fence],
+                    self.sync,
+                ))
+                .await
             }
             None => match &self.renewals {
                 // Gone (-1) and another owner's (0) are both lost here.
@@ -102,9 +104,11 @@ impl BackendLease for RedisLease {
                 None => {
                     let ttl_arg = ttl_ms(ttl);
                     let args = [self.token.as_str(), ttl_arg.as_str()];
-                    self.conn
-                        .script_synced(&RENEW, &[&self.keys.lock], &args, self.sync)
-                        .await
+                    Box::pin(
+                        self.conn
+                            .script_synced(&RENEW, &[&self.keys.lock], &args, self.sync),
+                    )
+                    .await
                 }
             },
         };

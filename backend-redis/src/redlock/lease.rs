@@ -74,7 +74,9 @@ impl BackendLease for RedLockLease {
                     },
                     limit: self.limit,
                 };
-                let (retaken, _) = on_each(&missing, call, |_| false, Straggling::default()).await;
+                // Boxed: rare, and large beside the renewal's own future.
+                let (retaken, _) =
+                    Box::pin(on_each(&missing, call, |_| false, Straggling::default())).await;
                 renewed += count(&retaken, 1);
             }
         }
