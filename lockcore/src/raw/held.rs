@@ -162,7 +162,7 @@ impl Held {
     /// `ttl` from now, so the lease counts as valid no longer than that, and
     /// the watchdog looks at that deadline.
     pub(crate) fn may_shorten_to(self: &Arc<Self>, ttl: Duration) {
-        let bound = crate::raw::validity_deadline(crate::raw::now(), ttl);
+        let bound = self.counted(crate::raw::now(), ttl);
         let lowered = {
             let mut until = lock(&self.valid_until);
             let lower = bound < *until;
@@ -174,6 +174,18 @@ impl Held {
         if lowered {
             self.rescheduled();
         }
+    }
+
+    /// The validity a renewal with `ttl` sent at `sent` gives the holder:
+    /// the server is sent `ttl` plus the lock-delay, and the drift
+    /// allowance is taken on that whole ttl (as the backend's reply has
+    /// it), then the delay comes off. An allowance on `ttl` alone would
+    /// count up to a hundredth of the delay longer, and wear down the
+    /// quiet time the delay keeps after the holder's count ends.
+    fn counted(&self, sent: Instant, ttl: Duration) -> Instant {
+        crate::raw::validity_deadline(sent, ttl + self.delay)
+            .checked_sub(self.delay)
+            .unwrap_or(sent)
     }
 
     pub(crate) fn ttl(&self) -> Duration {
@@ -356,7 +368,7 @@ impl Held {
             // shortened the lease on the server. Count it valid no longer
             // than that would allow.
             let mut until = lock(&self.valid_until);
-            *until = (*until).min(crate::raw::validity_deadline(sent, use_ttl));
+            *until = (*until).min(self.counted(sent, use_ttl));
         }
         match outcome {
             Ok(Ok(Renewal::Renewed { valid_until })) => {

@@ -43,8 +43,8 @@ impl Faults {
 }
 
 /// The memory server behind a faulty network: its own lost signal does
-/// not reach the client (as with a networked server), and its renewals
-/// go wrong as its `Faults` say.
+/// not reach the client, its renewals count their validity as a networked
+/// server's do, and they go wrong as its `Faults` say.
 #[derive(Debug, Clone)]
 struct Faulty {
     server: MemoryBackend,
@@ -96,8 +96,16 @@ impl BackendLease for FaultyLease {
         let f = &self.faults;
         assert!(!f.panics, "a renewal that panics");
         f.renewing.store(true, SeqCst);
+        let sent = crate::raw::now();
         tokio::time::sleep(f.before).await;
-        let r = self.inner.renew(ttl).await;
+        // Counted as a networked backend counts it: from the send, less
+        // the drift allowance (the memory server's own count has none).
+        let r = self.inner.renew(ttl).await.map(|r| match r {
+            Renewal::Renewed { .. } => Renewal::Renewed {
+                valid_until: crate::raw::validity_deadline(sent, ttl),
+            },
+            lost => lost,
+        });
         f.renewing.store(false, SeqCst);
         let late = crate::raw::sync::lock(&f.late)
             .pop_front()
@@ -326,5 +334,41 @@ async fn a_renewal_that_panics_raises_lost() {
         g.lost_reason().is_some_and(|r| r.contains("panicked")),
         "{:?}",
         g.lost_reason()
+    );
+}
+
+/// With a lock-delay, an extend whose reply is lost leaves the lease
+/// counted valid no longer than the reply would have: the drift allowance
+/// is taken on the ttl the server was sent (ttl and delay together), as a
+/// renewal's reply has it, so the delay's quiet time after the holder's
+/// count is not worn down.
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_with_a_lock_delay_counts_no_longer_than_the_reply() {
+    let server = MemoryBackend::new();
+    let answered = faulty(&server, &Arc::new(Faults::default()));
+    let unanswered = faulty(
+        &server,
+        &Arc::new(Faults {
+            lose_replies: true,
+            ..Faults::default()
+        }),
+    );
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .lock_delay(Duration::from_secs(10))
+        .wait(Wait::Try)
+        .renew(false);
+    let a = answered.acquire("a", &opts).await.unwrap().unwrap();
+    let b = unanswered.acquire("b", &opts).await.unwrap().unwrap();
+    let sent_a = crate::raw::now();
+    a.extend(Duration::from_secs(1)).await.unwrap();
+    let span_a = a.valid_until().unwrap() - sent_a;
+    let sent_b = crate::raw::now();
+    assert!(b.extend(Duration::from_secs(1)).await.is_err());
+    let span_b = b.valid_until().unwrap() - sent_b;
+    assert!(
+        span_b <= span_a,
+        "a lost reply counts the lease valid {:?} from its send, the reply {span_a:?}",
+        span_b
     );
 }
