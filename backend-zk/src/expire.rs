@@ -38,6 +38,8 @@ impl Session {
         // session until its connect timeout, and on a loaded machine loses
         // every time.
         let mut last = None;
+        // What each twin met, for the error should none get through.
+        let mut tally = Tally::default();
         let until = tokio::time::Instant::now() + EXPIRE_FOR;
         while tokio::time::Instant::now() < until {
             if self.is_dead() {
@@ -56,6 +58,7 @@ impl Session {
                 // ends the session unless our handle took it back first:
                 // wait until our handle sees the end, else try again.
                 Ok(Ok(twin)) => {
+                    tally.closed += 1;
                     drop(twin);
                     let seen =
                         tokio::time::timeout(cfg.connect_timeout + self.timeout, self.dead());
@@ -71,6 +74,7 @@ impl Session {
                 // The session's own handle took it back during the twin's
                 // handshake: another twin.
                 Ok(Err(e @ (zk::Error::NoHosts | zk::Error::ConnectionLoss))) => {
+                    tally.refused += 1;
                     last = Some(map_err(
                         e,
                         format!("reopening session {:#x} on {hosts}", self.id),
@@ -86,6 +90,7 @@ impl Session {
                     ))
                 }
                 Err(_) => {
+                    tally.unanswered += 1;
                     last = Some(Error::unavailable(
                         NAME,
                         format!("reopening session {:#x} on {hosts}: no answer", self.id),
@@ -93,8 +98,42 @@ impl Session {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| {
+        let last = last.unwrap_or_else(|| {
             Error::unavailable(NAME, format!("reopening session {:#x}", self.id))
-        }))
+        });
+        // This handle's state says which way the race went: connected (it
+        // took the session back each time) or not (nobody kept it).
+        let state = self.client().map(|c| format!("{:?}", c.state()));
+        Err(Error::new(
+            last.kind(),
+            NAME,
+            format!(
+                "{} ({}; this handle {})",
+                last.message(),
+                tally,
+                state.unwrap_or_else(|e| format!("gone: {e}"))
+            ),
+        ))
+    }
+}
+
+/// How the closing twins of one [`Session::expire_on_server`] fared.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Connected, then dropped (which sends `CloseSession`).
+    closed: u32,
+    /// Refused during the handshake (the session's own handle took it back).
+    refused: u32,
+    /// No answer within the connect timeout.
+    unanswered: u32,
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "twins: {} connected and closed, {} refused, {} unanswered",
+            self.closed, self.refused, self.unanswered
+        )
     }
 }
