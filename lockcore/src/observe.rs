@@ -256,3 +256,101 @@ pub(crate) fn renewed(at: Labels<'_>, took: Duration) {
         }
     }
 }
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    use super::{renewed, Labels};
+
+    /// One registration: the metric, its labels, and its metadata's
+    /// target, level and module path.
+    type Registration = (
+        String,
+        Vec<(String, String)>,
+        String,
+        String,
+        Option<String>,
+    );
+
+    /// A recorder that keeps what it is handed at each registration.
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<Registration>>);
+
+    impl Seen {
+        fn keep(&self, key: &Key, m: &Metadata<'_>) {
+            let labels = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            crate::raw::sync::lock(&self.0).push((
+                key.name().to_owned(),
+                labels,
+                m.target().to_owned(),
+                format!("{:?}", m.level()),
+                m.module_path().map(str::to_owned),
+            ));
+        }
+
+        fn take(&self) -> Vec<Registration> {
+            std::mem::take(&mut *crate::raw::sync::lock(&self.0))
+        }
+    }
+
+    impl Recorder for Seen {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, m: &Metadata<'_>) -> Counter {
+            self.keep(key, m);
+            Counter::noop()
+        }
+        fn register_gauge(&self, key: &Key, m: &Metadata<'_>) -> Gauge {
+            self.keep(key, m);
+            Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, m: &Metadata<'_>) -> Histogram {
+            self.keep(key, m);
+            Histogram::noop()
+        }
+    }
+
+    /// An unnamed renewal's kept keys and metadata are what the macros
+    /// give a named one, less the name: a recorder that filters by target
+    /// or level sees both alike.
+    #[test]
+    fn kept_renewal_keys_match_the_macros() {
+        let seen = Seen::default();
+        let took = Duration::from_millis(1);
+        metrics::with_local_recorder(&seen, || {
+            renewed(
+                Labels {
+                    backend: "memory",
+                    name: Some("x"),
+                },
+                took,
+            );
+        });
+        let mut named = seen.take();
+        for r in &mut named {
+            r.1.retain(|(k, _)| k != "name");
+        }
+        metrics::with_local_recorder(&seen, || {
+            renewed(
+                Labels {
+                    backend: "memory",
+                    name: None,
+                },
+                took,
+            );
+        });
+        let unnamed = seen.take();
+        assert_eq!(named.len(), 2, "{named:?}");
+        assert_eq!(unnamed, named);
+    }
+}
