@@ -105,7 +105,15 @@ impl Shared {
             .host(&cfg.host)
             .port(cfg.port)
             .application_name("lockcore")
-            .options([("client_connection_check_interval", CLIENT_CHECK_MS)]);
+            // A role's or database's default statement and lock timeouts
+            // would cut a wait for a lock short (the wait is one
+            // statement): every request is bounded here instead (`ask`,
+            // and each acquisition's own deadline).
+            .options([
+                ("client_connection_check_interval", CLIENT_CHECK_MS),
+                ("statement_timeout", "0"),
+                ("lock_timeout", "0"),
+            ]);
         if let Some(u) = &cfg.user {
             opts = opts.username(u);
         }

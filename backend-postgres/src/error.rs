@@ -29,6 +29,9 @@ pub(crate) mod code {
     pub(crate) const INVALID_CATALOG: &str = "3D000";
     /// `undefined_table`.
     pub(crate) const UNDEFINED_TABLE: &str = "42P01";
+    /// `undefined_object`: at connecting, a setting this server does not
+    /// know (PostgreSQL before 14 has no `client_connection_check_interval`).
+    pub(crate) const UNDEFINED_OBJECT: &str = "42704";
 }
 
 /// The SQLSTATE of `e`, if the server sent one.
@@ -68,6 +71,14 @@ pub(crate) fn connect_err(e: sqlx::Error, server: &str) -> Error {
         return Error::unavailable(
             NAME,
             format!("connecting to {server}: the server did not answer as PostgreSQL ({e}); is another service listening on that port?"),
+        )
+        .with_source(e);
+    }
+    if sqlstate(&e).as_deref() == Some(code::UNDEFINED_OBJECT) {
+        return Error::new(
+            ErrorKind::InvalidConfig,
+            NAME,
+            format!("connecting to {server}: {e}; this backend needs PostgreSQL 14 or later (it sets the session's client_connection_check_interval and idle_session_timeout)"),
         )
         .with_source(e);
     }

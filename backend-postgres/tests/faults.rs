@@ -292,6 +292,46 @@ async fn a_terminated_session_is_lost(ctx: Ctx) {
     g2.release().await.unwrap();
 }
 
+/// A role whose default `statement_timeout` and `lock_timeout` are shorter
+/// than a wait (`ALTER ROLE ... SET`, as some sites set for every
+/// application) does not cut the wait short: the backend's sessions run
+/// without them and bound each request themselves. The role is reset
+/// before anything is asserted, so no later case connects with them.
+async fn a_role_statement_timeout_does_not_cut_a_wait(ctx: Ctx) {
+    let mut c = admin(&ctx).await;
+    for set in [
+        "ALTER ROLE CURRENT_USER SET statement_timeout = '300ms'",
+        "ALTER ROLE CURRENT_USER SET lock_timeout = '300ms'",
+    ] {
+        sqlx::query(set).execute(&mut c).await.unwrap();
+    }
+    let waited = async {
+        let (a, b) = (ctx.locker().await, ctx.locker().await);
+        let name = ctx.name("role-timeouts");
+        let g = a.try_lock(&name).await?.expect("free");
+        let waiter = {
+            let name = name.clone();
+            tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(10)).await })
+        };
+        // Time is the subject: held four times the role's timeouts.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        g.release().await?;
+        let g2 = waiter.await.expect("the waiter's task")?;
+        g2.release().await
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(30), waited).await;
+    for reset in [
+        "ALTER ROLE CURRENT_USER RESET statement_timeout",
+        "ALTER ROLE CURRENT_USER RESET lock_timeout",
+    ] {
+        sqlx::query(reset).execute(&mut c).await.unwrap();
+    }
+    let outcome = outcome.expect("the wait ended within 30 s");
+    if let Err(e) = outcome {
+        panic!("the role's timeouts cut the wait short: {e}");
+    }
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("postgres-soak")
@@ -315,6 +355,7 @@ fn main() -> std::process::ExitCode {
             stalled_holder_is_timed_out_by_server,
             a_dropped_wait_leaves_the_servers_queue,
             a_terminated_session_is_lost,
+            a_role_statement_timeout_does_not_cut_a_wait,
         ),
     ])
 }
