@@ -10,7 +10,7 @@
 //! | `aux_pool_size` | 4 | connections for inspection and for ending the server session of a dropped wait |
 //! | `connect_timeout_ms` | 5000 | how long to wait for a new connection |
 //! | `request_timeout_ms` | 5000 | how long to wait for a statement that does not wait for a lock |
-//! | `ensure_schema` | `true` | create the table if missing when connecting (see [`crate::schema_sql`]) |
+//! | `ensure_schema` | `true` | create the table if missing when connecting (see [`crate::schema_sql`]); a user without the right to create tables connects to one made in advance |
 //! | `rwlock` | `shared` | the layout of a read-write lock: `shared` (readers take the shared advisory lock on `hashtextextended(name, 1)`, a writer the exclusive one, [`Layout::Native`](lockcore::Layout::Native)) or `built` (from locks, as on Redis and etcd, [`Layout::Built`](lockcore::Layout::Built)), for a `migrate:` from one of those. Every client of a name must use the same |
 //! | `sslmode` | `disable` | `disable`, `prefer`, `require`, `verify-ca` or `verify-full`; anything but `disable` needs the crate's `tls` feature |
 //! | `sslrootcert` | | a PEM file of root certificates for `verify-ca` and `verify-full` |

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use lockcore::raw::prelude::*;
 use sqlx::AssertSqlSafe;
 
-use crate::config::PostgresConfig;
+use crate::config::{PostgresConfig, NAME};
 use crate::conn::{ask, Shared};
 use crate::error::sqlstate;
 
@@ -42,6 +42,7 @@ impl PostgresBackend {
         // is kept for the first lock.
         let mut first = shared.open().await?;
         let limit = shared.cfg.request_timeout;
+        let probe = format!("SELECT 1 FROM {} LIMIT 0", shared.cfg.table);
         if ensure {
             let created =
                 sqlx::query(AssertSqlSafe(shared.sql.schema.as_str())).execute(&mut first.conn);
@@ -56,9 +57,30 @@ impl PostgresBackend {
                 }
             })
             .await;
-            r?;
+            match r {
+                Ok(()) => {}
+                // `IF NOT EXISTS` is checked after the right to create in
+                // the schema: a user who may use the table but not create
+                // tables (PostgreSQL 15's default on `public`) is refused
+                // even when the table is there. It is enough that it is.
+                Err(e) if e.kind() == ErrorKind::Unauthorized => {
+                    let found = sqlx::query(AssertSqlSafe(probe.as_str())).execute(&mut first.conn);
+                    let found = ask(&shared, "looking for the lock table", limit, false, found);
+                    if found.await.is_err() {
+                        return Err(Error::new(
+                            e.kind(),
+                            NAME,
+                            format!(
+                                "{}; the table {} is not there to use either: create it in advance (lockcore_postgres::schema_sql) or grant the user CREATE on the schema",
+                                e.message(),
+                                shared.cfg.table
+                            ),
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         } else {
-            let probe = format!("SELECT 1 FROM {} LIMIT 0", shared.cfg.table);
             ask(
                 &shared,
                 "looking for the lock table",

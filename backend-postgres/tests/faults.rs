@@ -332,6 +332,39 @@ async fn a_role_statement_timeout_does_not_cut_a_wait(ctx: Ctx) {
     }
 }
 
+/// A user that may use the lock table but not create tables (PostgreSQL
+/// 15's default on `public` for all but the database's owner; compose's
+/// `lockcore_dml`) connects with the default `ensure_schema`: the table
+/// is there, so nothing needs creating, and its locks exclude the owner's.
+async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
+    let owner = ctx.locker().await;
+    let mut c = admin(&ctx).await;
+    sqlx::query("GRANT SELECT, INSERT, UPDATE, DELETE ON lockcore_locks TO lockcore_dml")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let (_, at) = ctx.config.split_once('@').expect("a URL with a user");
+    let url = format!("postgres://lockcore_dml:lockcore@{at}");
+    // A table that is not there: the refusal says how to make it.
+    let sep = if at.contains('?') { '&' } else { '?' };
+    let absent = lockcore_postgres::connect(&format!("{url}{sep}table=lockcore_absent"))
+        .await
+        .expect_err("no table and no right to create it");
+    assert_eq!(absent.kind(), ErrorKind::Unauthorized, "{absent}");
+    assert!(absent.to_string().contains("schema_sql"), "{absent}");
+    let l = lockcore_postgres::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("a user without CREATE could not connect: {e}"));
+    let name = ctx.name("no-create");
+    let g = l.try_lock(&name).await.unwrap().expect("free");
+    assert!(
+        owner.try_lock(&name).await.unwrap().is_none(),
+        "taken beside the user without CREATE"
+    );
+    g.release().await.unwrap();
+    assert!(owner.try_lock(&name).await.unwrap().is_some());
+}
+
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("postgres-soak")
@@ -356,6 +389,7 @@ fn main() -> std::process::ExitCode {
             a_dropped_wait_leaves_the_servers_queue,
             a_terminated_session_is_lost,
             a_role_statement_timeout_does_not_cut_a_wait,
+            a_user_without_create_connects_to_an_existing_table,
         ),
     ])
 }
