@@ -34,6 +34,14 @@ struct Faults {
 }
 
 impl Faults {
+    /// Every renewal's reply lost after the server applied it.
+    fn losing_replies() -> Arc<Faults> {
+        Arc::new(Faults {
+            lose_replies: true,
+            ..Faults::default()
+        })
+    }
+
     fn late<const N: usize>(delays: [Duration; N]) -> Arc<Faults> {
         Arc::new(Faults {
             late: Mutex::new(delays.into()),
@@ -204,13 +212,7 @@ async fn a_dropped_shorter_extend_behind_a_renewal_shortens_validity() {
 #[tokio::test]
 async fn a_shorter_extend_that_may_have_applied_shortens_validity() {
     let server = MemoryBackend::new();
-    let l = faulty(
-        &server,
-        &Arc::new(Faults {
-            lose_replies: true,
-            ..Faults::default()
-        }),
-    );
+    let l = faulty(&server, &Faults::losing_replies());
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Wait::Try)
@@ -236,13 +238,7 @@ async fn a_shorter_extend_that_may_have_applied_shortens_validity() {
 #[tokio::test(start_paused = true)]
 async fn lost_fires_at_the_deadline_a_shorter_extend_set() {
     let server = MemoryBackend::new();
-    let l = faulty(
-        &server,
-        &Arc::new(Faults {
-            lose_replies: true,
-            ..Faults::default()
-        }),
-    );
+    let l = faulty(&server, &Faults::losing_replies());
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .wait(Wait::Try);
@@ -346,13 +342,7 @@ async fn a_renewal_that_panics_raises_lost() {
 async fn a_lost_reply_with_a_lock_delay_counts_no_longer_than_the_reply() {
     let server = MemoryBackend::new();
     let answered = faulty(&server, &Arc::new(Faults::default()));
-    let unanswered = faulty(
-        &server,
-        &Arc::new(Faults {
-            lose_replies: true,
-            ..Faults::default()
-        }),
-    );
+    let unanswered = faulty(&server, &Faults::losing_replies());
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(30))
         .lock_delay(Duration::from_secs(10))
