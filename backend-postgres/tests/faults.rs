@@ -305,7 +305,11 @@ async fn a_role_statement_timeout_does_not_cut_a_wait(ctx: Ctx) {
     ] {
         sqlx::query(set).execute(&mut c).await.unwrap();
     }
-    let waited = async {
+    // In a task of its own: a panic in it (a client that cannot connect)
+    // still lets the role be reset below.
+    let ctx2 = ctx.clone();
+    let waited = tokio::spawn(async move {
+        let ctx = ctx2;
         let (a, b) = (ctx.locker().await, ctx.locker().await);
         let name = ctx.name("role-timeouts");
         let g = a.try_lock(&name).await?.expect("free");
@@ -318,7 +322,7 @@ async fn a_role_statement_timeout_does_not_cut_a_wait(ctx: Ctx) {
         g.release().await?;
         let g2 = waiter.await.expect("the waiter's task")?;
         g2.release().await
-    };
+    });
     let outcome = tokio::time::timeout(Duration::from_secs(30), waited).await;
     for reset in [
         "ALTER ROLE CURRENT_USER RESET statement_timeout",
@@ -326,7 +330,9 @@ async fn a_role_statement_timeout_does_not_cut_a_wait(ctx: Ctx) {
     ] {
         sqlx::query(reset).execute(&mut c).await.unwrap();
     }
-    let outcome = outcome.expect("the wait ended within 30 s");
+    let outcome = outcome
+        .expect("the wait ended within 30 s")
+        .expect("the waiting task");
     if let Err(e) = outcome {
         panic!("the role's timeouts cut the wait short: {e}");
     }
