@@ -112,15 +112,10 @@ impl KeepAlives {
         limit: Duration,
         fresh: Duration,
     ) -> Result<Option<Instant>> {
-        let now = Instant::now();
-        if !fresh.is_zero() {
-            let since = now.checked_sub(fresh).unwrap_or(now);
-            if let Some(&(sent, alive)) = lock(&self.recent).get(&id) {
-                if sent >= since {
-                    return Ok(alive.then_some(sent));
-                }
-            }
+        if let Some(known) = self.known(id, fresh) {
+            return Ok(known);
         }
+        let now = Instant::now();
         let (reply, answer) = oneshot::channel();
         let deadline = now + limit;
         self.send(Ask {
@@ -140,6 +135,14 @@ impl KeepAlives {
                 ),
             )),
         }
+    }
+
+    /// The answer of a keepalive of `id` sent within `fresh` and answered,
+    /// as [`renew`](Self::renew) takes it; `None` when there is none.
+    pub(crate) fn known(&self, id: i64, fresh: Duration) -> Option<Option<Instant>> {
+        let since = Instant::now().checked_sub(fresh)?;
+        let &(sent, alive) = lock(&self.recent).get(&id)?;
+        (!fresh.is_zero() && sent >= since).then_some(alive.then_some(sent))
     }
 
     /// Hands `ask` to its lease's task, starting one if none runs.

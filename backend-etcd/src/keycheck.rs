@@ -139,6 +139,21 @@ impl KeyChecks {
             .is_some_and(|l| l.alive && l.keys.contains(key.as_bytes())))
     }
 
+    /// What [`attached`](Self::attached) would answer now from a read
+    /// already made, without waiting; `None` when it would read (no read
+    /// so recent, or one in flight).
+    pub(crate) fn attached_known(
+        &self,
+        lease: i64,
+        key: &str,
+        not_before: Instant,
+    ) -> Option<bool> {
+        let lists = lock(&self.lists);
+        let list = lists.get(&lease)?.try_lock().ok()?;
+        let list = list.as_ref().filter(|l| l.sent >= not_before)?;
+        Some(list.alive && list.keys.contains(key.as_bytes()))
+    }
+
     /// Forgets the key list of `lease` (it ended).
     pub(crate) fn forget(&self, lease: i64) {
         lock(&self.lists).remove(&lease);

@@ -241,6 +241,31 @@ impl BackendLease for EtcdLease {
         Ok(Renewal::Renewed { valid_until })
     }
 
+    /// A lock on the shared lease is renewed by that lease's latest
+    /// keepalive and read of its keys when both are recent enough for
+    /// [`renew`](BackendLease::renew) to take them, as it would.
+    fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
+        let shared = self.shared.load(Ordering::Acquire);
+        if ttl != self.ttl || shared == 0 || self.finished.load(Ordering::Acquire) {
+            return None;
+        }
+        let moved = *self.moved_at.get()?;
+        let inner = &self.backend.inner;
+        let sent = inner.keepalives.known(shared, self.window)??;
+        let recent = Instant::now().checked_sub(self.check_window);
+        let not_before = recent.map_or(moved, |r| r.max(moved));
+        // A key found gone: `renew` reads the same, and says so.
+        if !inner
+            .keychecks
+            .attached_known(shared, &self.key, not_before)?
+        {
+            return None;
+        }
+        let valid_until = validity_deadline(sent, ttl);
+        *lock(&self.valid_until) = valid_until;
+        Some(Renewal::Renewed { valid_until })
+    }
+
     /// The server's lease keeps its granted ttl: a longer one would count
     /// validity the server does not give, a shorter one would leave the
     /// name held on the server long after a dead holder's validity.

@@ -362,6 +362,19 @@ impl Held {
         let deadline = self.valid_until();
         let outcome =
             tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl + self.delay)).await;
+        self.settle(sent, ttl, outcome)
+    }
+
+    /// Applies the outcome of a renewal sent at `sent` (`Err`: no answer
+    /// by the validity deadline), with `ttl` from then on if given; under
+    /// the renewal turn. Returns `sent` when renewed.
+    fn settle<E>(
+        &self,
+        sent: Instant,
+        ttl: Option<Duration>,
+        outcome: std::result::Result<Result<Renewal>, E>,
+    ) -> Result<Instant> {
+        let use_ttl = ttl.unwrap_or_else(|| self.ttl());
         self.renewed(sent, &outcome);
         if !matches!(outcome, Ok(Ok(_))) {
             // The request may have applied: a shorter ttl may then have

@@ -100,6 +100,18 @@ pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Answers a renewal with `ttl` at once from what the backend already
+    /// knows, with no request of its own and without waiting: a keepalive
+    /// and a read of the key, sent recently enough, that serve many leases
+    /// (etcd's shared lease). `Some` only with the answer
+    /// [`renew`](Self::renew) would give now, its validity counted from
+    /// when that knowledge was asked for; `None` when the server must be
+    /// asked (the watchdog then calls `renew`). The default knows nothing.
+    fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
+        let _ = ttl;
+        None
+    }
+
     /// Releases the lease, only if this owner still holds it.
     ///
     /// # Cancel safety

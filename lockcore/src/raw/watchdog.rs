@@ -10,6 +10,9 @@
 //! instant each asks for, together under one lock. A check that panics
 //! ends its own lease's watch only: it is caught, and the lease is told
 //! ([`Watched::check_panicked`]: a held lease raises its lost signal).
+//! A check the item can do at once ([`Watched::check_now`]: a renewal its
+//! backend answers from a keepalive and a read that serve many leases)
+//! makes no future at all.
 //!
 //! The checks are polled outside tokio's cooperative budget (they are many
 //! tasks' worth of work in one task, which would otherwise share one
@@ -65,6 +68,13 @@ pub(crate) trait Watched: Send + Sync + 'static {
     /// watchdog's task outside tokio's cooperative budget, beside every
     /// other check: it must not loop on ready resources without yielding.
     fn check(self: Arc<Self>) -> CheckFuture;
+    /// The check done at once, when it needs no waiting: `Some` with what
+    /// [`check`](Watched::check)'s future would return, `None` when that
+    /// future must run. Called with the queue unlocked, in the watchdog's
+    /// task. The default never answers.
+    fn check_now(&self) -> Option<Option<Instant>> {
+        None
+    }
     /// Its check panicked: it is no longer watched.
     fn check_panicked(&self);
     /// The latest instant it may be checked next (its validity deadline):
@@ -246,14 +256,37 @@ impl Future for Running {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(next)) => Poll::Ready((this.item.clone(), next)),
             Err(_) => {
-                let told =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| this.item.check_panicked()));
-                if told.is_err() {
-                    tracing::error!("a watched item's check panicked, and so did telling it");
-                }
+                panicked(&*this.item);
                 Poll::Ready((this.item.clone(), None))
             }
         }
+    }
+}
+
+/// Tells `item` that its check panicked.
+fn panicked(item: &dyn Watched) {
+    let told = std::panic::catch_unwind(AssertUnwindSafe(|| item.check_panicked()));
+    if told.is_err() {
+        tracing::error!("a watched item's check panicked, and so did telling it");
+    }
+}
+
+/// Starts `item`'s check: done at once when it can be (its next check then
+/// joins `again`), else its future joins `running`.
+fn start_check(
+    item: Arc<dyn Watched>,
+    running: &mut FuturesUnordered<Running>,
+    again: &mut Vec<(Arc<dyn Watched>, Instant)>,
+) {
+    // A panic in one check ends that item's watch, not the others'.
+    match std::panic::catch_unwind(AssertUnwindSafe(|| item.check_now())) {
+        Ok(Some(Some(next))) => again.push((item, next)),
+        Ok(Some(None)) => {}
+        Ok(None) => {
+            let check = tokio::task::coop::unconstrained(item.clone().check());
+            running.push(Running { item, check });
+        }
+        Err(_) => panicked(&*item),
     }
 }
 
@@ -273,6 +306,8 @@ const FINISHED_PER_PASS: usize = 512;
 struct Checks {
     running: FuturesUnordered<Running>,
     again: Vec<(Arc<dyn Watched>, Instant)>,
+    /// Items come due, their checks not yet started.
+    due: Vec<Arc<dyn Watched>>,
     watchdog: Weak<Watchdog>,
     /// Set once `spawn` returned (see [`Watchdog::start_on`]).
     started: Arc<AtomicBool>,
@@ -287,6 +322,7 @@ impl Drop for Checks {
             let mut orphans = lock(&wd.orphans);
             orphans.extend(self.running.iter().map(|r| Arc::downgrade(&r.item)));
             orphans.extend(self.again.iter().map(|(item, _)| Arc::downgrade(item)));
+            orphans.extend(self.due.iter().map(Arc::downgrade));
         }
         if self.started.load(Ordering::Acquire) {
             wd.carry_on_elsewhere();
@@ -301,12 +337,18 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
     let mut checks = Checks {
         running: FuturesUnordered::new(),
         again: Vec::new(),
+        due: Vec::new(),
         watchdog: watchdog.clone(),
         started,
     };
     let mut first = true;
     poll_fn(move |cx| {
-        let Checks { running, again, .. } = &mut checks;
+        let Checks {
+            running,
+            again,
+            due,
+            ..
+        } = &mut checks;
         if std::mem::take(&mut first) {
             // What an earlier task left running: checked at once.
             if let Some(wd) = watchdog.upgrade() {
@@ -364,8 +406,7 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
                             // The key is spent: clear it before the queue
                             // can hand the same key to another item.
                             *lock(&item.timer().key) = None;
-                            let check = tokio::task::coop::unconstrained(item.clone().check());
-                            running.push(Running { item, check });
+                            due.push(item);
                             started += 1;
                         }
                     }
@@ -376,10 +417,15 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
         // Outside the lock: an item whose last reference this was is
         // dropped here, and its drop may do anything.
         again.clear();
+        // Outside the lock too: a check done at once calls into its item.
+        // Its next check goes in the queue in the next pass.
+        for item in due.drain(..) {
+            start_check(item, running, again);
+        }
         if started > 0 || finished == FINISHED_PER_PASS {
             // Checks just started are polled (and the rest of what is due
-            // or finished taken) in the next pass, after other tasks had
-            // their turn.
+            // or finished, and the checks done at once, taken) in the next
+            // pass, after other tasks had their turn.
             cx.waker().wake_by_ref();
         }
         Poll::Pending

@@ -31,6 +31,11 @@ struct Faults {
     overlapped: AtomicBool,
     /// Every renewal panics.
     panics: bool,
+    /// Renewals answered at once (`renew_known`): by the server's renewal
+    /// (`Some(true)`), or as lost (`Some(false)`).
+    known: Option<bool>,
+    /// Renewals asked of `renew`.
+    asked: std::sync::atomic::AtomicUsize,
 }
 
 impl Faults {
@@ -102,6 +107,7 @@ impl Backend for Faulty {
 impl BackendLease for FaultyLease {
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         let f = &self.faults;
+        f.asked.fetch_add(1, SeqCst);
         assert!(!f.panics, "a renewal that panics");
         f.renewing.store(true, SeqCst);
         let sent = crate::raw::now();
@@ -138,6 +144,54 @@ impl BackendLease for FaultyLease {
 
     fn abandon(&self) {
         self.inner.abandon();
+    }
+
+    fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
+        use futures_util::FutureExt;
+        match self.faults.known? {
+            // The memory server renews without waiting; counted as `renew`
+            // counts it.
+            true => {
+                let sent = crate::raw::now();
+                match self.inner.renew(ttl).now_or_never()?.ok()? {
+                    Renewal::Renewed { .. } => Some(Renewal::Renewed {
+                        valid_until: crate::raw::validity_deadline(sent, ttl),
+                    }),
+                    lost => Some(lost),
+                }
+            }
+            false => Some(Renewal::Lost),
+        }
+    }
+}
+
+/// Renewals the backend answers at once keep the lease on the server with
+/// no `renew` call; an answer of lost raises the lost signal at once.
+#[tokio::test(start_paused = true)]
+async fn renewals_answered_at_once_ask_nothing_more() {
+    let server = MemoryBackend::new();
+    let ttl = Duration::from_secs(3);
+    let opts = LockOptions::new().ttl(ttl).wait(Wait::Try);
+    for known in [true, false] {
+        let faults = Arc::new(Faults {
+            known: Some(known),
+            ..Faults::default()
+        });
+        let l = faulty(&server, &faults);
+        let g = l.acquire("x", &opts).await.unwrap().unwrap();
+        tokio::time::sleep(ttl * 4).await;
+        assert_eq!(faults.asked.load(SeqCst), 0, "renew was asked");
+        let other = Locker::new(server.clone());
+        let taken = other.acquire("x", &opts).await.unwrap();
+        if known {
+            assert!(taken.is_none(), "the server let the name go");
+            assert!(g.is_held());
+            g.release().await.unwrap();
+        } else {
+            assert!(taken.is_some(), "the name is still held");
+            let reason = g.lost_reason().unwrap_or_default();
+            assert!(reason.starts_with("renewal refused"), "lost: {reason}");
+        }
     }
 }
 

@@ -27,10 +27,7 @@ impl Held {
         // Not held (released, lost, past its validity deadline): a `Lost`
         // error, and the watch ends.
         match self.renew_now(None).await {
-            Ok(sent) => {
-                self.failures.store(0, Ordering::Relaxed);
-                Some((sent + renew_interval(self.ttl())).min(self.valid_until()))
-            }
+            Ok(sent) => Some(self.renewed_at(sent)),
             Err(e) if e.kind() == ErrorKind::Lost => None,
             Err(e) => {
                 let ttl = self.ttl();
@@ -50,6 +47,43 @@ impl Held {
     }
 }
 
+impl Held {
+    /// A renewal sent at `sent` succeeded: failures are forgotten, and the
+    /// next renewal is due a renewal interval later (or at the validity
+    /// deadline, if sooner).
+    fn renewed_at(&self, sent: Instant) -> Instant {
+        self.failures.store(0, Ordering::Relaxed);
+        (sent + renew_interval(self.ttl())).min(self.valid_until())
+    }
+
+    /// The watchdog's check done at once, when the backend answers the
+    /// renewal from what it already knows
+    /// ([`BackendLease::renew_known`](crate::raw::BackendLease::renew_known)):
+    /// the same outcome as [`watchdog_check`](Held::watchdog_check), with
+    /// no future, timer or request of its own. `None` when the check must
+    /// run as a future: renewal is off, another renewal runs, the lease is
+    /// not held, or the backend must ask its server.
+    fn known_check(&self) -> Option<Option<Instant>> {
+        if !self.renew {
+            return None;
+        }
+        let _turn = self.renewing.try_lock().ok()?;
+        let sent = crate::raw::now();
+        let held = !self.released.load(Ordering::Acquire) && !self.lost.is_cancelled();
+        if !held || sent >= self.valid_until() {
+            return None;
+        }
+        let renewal = self.lease.renew_known(self.ttl() + self.delay)?;
+        let outcome: std::result::Result<_, std::convert::Infallible> = Ok(Ok(renewal));
+        // Refused: `settle` raised the lost signal, and the watch ends.
+        Some(
+            self.settle(sent, None, outcome)
+                .ok()
+                .map(|at| self.renewed_at(at)),
+        )
+    }
+}
+
 impl Watched for Held {
     fn timer(&self) -> &Timer {
         &self.timer
@@ -61,6 +95,10 @@ impl Watched for Held {
 
     fn check(self: Arc<Self>) -> CheckFuture {
         Box::pin(self.watchdog_check())
+    }
+
+    fn check_now(&self) -> Option<Option<Instant>> {
+        self.known_check()
     }
 
     fn check_panicked(&self) {
