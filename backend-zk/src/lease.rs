@@ -277,6 +277,27 @@ impl BackendLease for ZkLease {
         }
     }
 
+    /// Renewed by the session's latest proof of life while the node is
+    /// watched, when [`renew`](BackendLease::renew) would take that proof.
+    fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
+        let flags = &self.flags;
+        let ok = |f: &std::sync::atomic::AtomicBool| !f.load(Ordering::SeqCst);
+        if !ok(&flags.gone) || !ok(&flags.unwatched) || BackendLease::check_ttl(self, ttl).is_err()
+        {
+            return None;
+        }
+        let sent = self
+            .session
+            .known_proof(ttl.saturating_sub(self.delay) / 20)?;
+        // Looked at after the proof, as `renew` does.
+        if !ok(&flags.gone) || !ok(&flags.unwatched) || self.session.is_dead() {
+            return None;
+        }
+        Some(Renewal::Renewed {
+            valid_until: self.session.valid_until(sent, ttl),
+        })
+    }
+
     /// Deletes our node (never another owner's: the path carries our uuid).
     ///
     /// # Cancel safety

@@ -231,6 +231,15 @@ impl Session {
         Ok(sent)
     }
 
+    /// The send time of a proof [`prove_alive`](Self::prove_alive) would
+    /// take now with `max_age`, if there is one and no proof is being
+    /// made; `None` otherwise.
+    pub(crate) fn known_proof(&self, max_age: Duration) -> Option<Instant> {
+        let proof = self.proof.try_lock().ok()?;
+        let sent = (*proof)?;
+        (!self.is_dead() && sent + max_age >= Instant::now()).then_some(sent)
+    }
+
     /// Resolves when the session ends.
     pub(crate) fn dead(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.shared.dead.cancelled()
