@@ -278,12 +278,17 @@ fn start_check(
     running: &mut FuturesUnordered<Running>,
     again: &mut Vec<(Arc<dyn Watched>, Instant)>,
 ) {
-    // A panic in one check ends that item's watch, not the others'.
-    match std::panic::catch_unwind(AssertUnwindSafe(|| item.check_now())) {
-        Ok(Some(Some(next))) => again.push((item, next)),
-        Ok(Some(None)) => {}
-        Ok(None) => {
-            let check = tokio::task::coop::unconstrained(item.clone().check());
+    // A panic in one check, or in making it, ends that item's watch, not
+    // the others'.
+    let started = std::panic::catch_unwind(AssertUnwindSafe(|| match item.check_now() {
+        Some(next) => Ok(next),
+        None => Err(item.clone().check()),
+    }));
+    match started {
+        Ok(Ok(Some(next))) => again.push((item, next)),
+        Ok(Ok(None)) => {}
+        Ok(Err(check)) => {
+            let check = tokio::task::coop::unconstrained(check);
             running.push(Running { item, check });
         }
         Err(_) => panicked(&*item),
@@ -419,7 +424,9 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
         again.clear();
         // Outside the lock too: a check done at once calls into its item.
         // Its next check goes in the queue in the next pass.
-        for item in due.drain(..) {
+        // One at a time: an item not yet started when this task ends (a
+        // panic) is still in `due`, handed to the next task.
+        while let Some(item) = due.pop() {
             start_check(item, running, again);
         }
         if started > 0 || finished == FINISHED_PER_PASS {

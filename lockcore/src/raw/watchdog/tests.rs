@@ -26,6 +26,8 @@ struct Counted {
     hangs_first: bool,
     /// Telling it its check panicked panics too.
     panics_when_told: bool,
+    /// Making its second check's future panics.
+    panics_making: bool,
 }
 
 impl Watched for Counted {
@@ -34,6 +36,9 @@ impl Watched for Counted {
     }
 
     fn check(self: Arc<Self>) -> CheckFuture {
+        if self.panics_making && self.checks.load(Ordering::SeqCst) >= 1 {
+            panic!("making a check that panics");
+        }
         Box::pin(async move {
             for _ in 0..self.budget {
                 tokio::task::coop::consume_budget().await;
@@ -88,6 +93,33 @@ async fn a_check_that_panics_or_hangs_stops_only_its_own_item() {
         assert!(
             (9..=11).contains(&n),
             "{n} checks in 1.05 s, one every 100 ms"
+        );
+    }
+}
+
+/// Making a check's future panics (in the watchdog's task, beside the
+/// checks of other items come due with it): that item's watch ends, and
+/// it is told; the others are checked on time.
+#[tokio::test(start_paused = true)]
+async fn a_check_whose_making_panics_stops_only_its_own_item() {
+    let wd = Arc::new(Watchdog::default());
+    let panics = Arc::new(Counted {
+        panics_making: true,
+        ..Counted::default()
+    });
+    let fine: Vec<Arc<Counted>> = (0..50).map(|_| Arc::new(Counted::default())).collect();
+    let start = crate::raw::now() + Duration::from_millis(100);
+    for item in std::iter::once(&panics).chain(&fine) {
+        let it: Arc<dyn Watched> = item.clone();
+        wd.schedule(&it, start, true);
+    }
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    assert!(panics.panicked.load(Ordering::SeqCst), "not told");
+    for f in &fine {
+        let n = f.checks.load(Ordering::SeqCst);
+        assert!(
+            n >= 9,
+            "an item beside it was checked {n} times in a second"
         );
     }
 }
