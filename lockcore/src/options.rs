@@ -167,6 +167,8 @@ impl LockOptions {
                 ),
             ));
         }
+        check_delay(self.ttl, self.lock_delay)
+            .map_err(|why| Error::new(ErrorKind::InvalidConfig, backend, why))?;
         if let Wait::For(d) = self.wait {
             if d > MAX_TTL * 365 {
                 return Err(Error::new(
@@ -192,6 +194,19 @@ impl LockOptions {
     }
 }
 
+/// Refuses a lock-delay that leaves the holder less than half its `ttl`:
+/// the clock-drift allowance is taken on `ttl + delay`, all of it from the
+/// holder's count.
+pub(crate) fn check_delay(ttl: Duration, delay: Duration) -> std::result::Result<(), String> {
+    let allowance = crate::raw::drift_allowance(ttl.saturating_add(delay));
+    if allowance > ttl / 2 {
+        return Err(format!(
+            "lock-delay {delay:?} with ttl {ttl:?} leaves the holder less than half its ttl (the clock-drift allowance, {allowance:?}, is 1% of ttl plus lock-delay, plus 2 ms): use a longer ttl or a shorter lock-delay"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +225,23 @@ mod tests {
                 .expect_err("out of range");
             assert_eq!(e.kind(), ErrorKind::InvalidConfig);
         }
+    }
+
+    /// A lock-delay so much longer than the ttl that its clock allowance
+    /// would eat most of the holder's ttl is refused; one that leaves at
+    /// least half is taken.
+    #[test]
+    fn a_lock_delay_leaves_the_holder_half_its_ttl() {
+        let opts = LockOptions::new().ttl(Duration::from_secs(1));
+        let e = opts
+            .lock_delay(Duration::from_secs(100))
+            .validate("t")
+            .expect_err("a 100 s delay on a 1 s ttl");
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("half its ttl"), "{e}");
+        assert!(opts
+            .lock_delay(Duration::from_secs(40))
+            .validate("t")
+            .is_ok());
     }
 }

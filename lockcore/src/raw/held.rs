@@ -349,6 +349,9 @@ impl Held {
                 )
                 .with_name(self.name.clone()));
             }
+            crate::options::check_delay(t, self.delay).map_err(|why| {
+                Error::invalid_config(self.backend, why).with_name(self.name.clone())
+            })?;
             // A ttl the lease cannot take is refused before anything
             // changes, on the client as on the server.
             self.lease

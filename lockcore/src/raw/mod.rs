@@ -32,6 +32,7 @@ pub use async_trait::async_trait;
 pub use backend::Backend;
 pub use lease::{AllOrNone, BackendLease, Grant, Released, Renewal};
 pub use request::{AcquireRequest, Deadline, Mode, OwnerToken};
+pub(crate) use time::drift_allowance;
 pub use time::{now, validity_deadline, whole_seconds, within};
 pub use waited::waiting;
 pub(crate) use waited::watch;

@@ -31,7 +31,12 @@ pub fn now() -> Instant {
 /// assert_eq!(until, sent + Duration::from_millis(9_898));
 /// ```
 pub fn validity_deadline(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+    sent + ttl.saturating_sub(drift_allowance(ttl))
+}
+
+/// The clock-drift allowance [`validity_deadline`] takes on `ttl`.
+pub(crate) fn drift_allowance(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
 }
 
 /// `ttl` in whole seconds, rounded up, at least 1: for servers whose leases
