@@ -5,9 +5,9 @@ use std::sync::Arc;
 use lockcore::raw::prelude::*;
 use sqlx::AssertSqlSafe;
 
-use crate::config::{PostgresConfig, NAME};
+use crate::config::{check_table, PostgresConfig, NAME};
 use crate::conn::{ask, Shared};
-use crate::error::sqlstate;
+use crate::error::{code, sqlstate};
 
 /// A PostgreSQL server holding locks as session-level advisory locks. Cheap
 /// to clone: clones share connections.
@@ -36,13 +36,17 @@ impl PostgresBackend {
     ///
     /// Cancel safe: it creates no lock state.
     pub async fn connect(cfg: PostgresConfig) -> Result<Self> {
+        // Checked here too: a config made in code skips the URL's checks,
+        // and the name goes into statements.
+        check_table(&cfg.table)
+            .map_err(|why| Error::invalid_config(NAME, format!("table {:?}: {why}", cfg.table)))?;
         let ensure = cfg.ensure_schema;
         let shared = Shared::new(cfg).await?;
         // The first lock connection says clearly why connecting failed; it
         // is kept for the first lock.
         let mut first = shared.open().await?;
         let limit = shared.cfg.request_timeout;
-        let probe = format!("SELECT 1 FROM {} LIMIT 0", shared.cfg.table);
+        let mut refused = None;
         if ensure {
             let created =
                 sqlx::query(AssertSqlSafe(shared.sql.schema.as_str())).execute(&mut first.conn);
@@ -63,36 +67,84 @@ impl PostgresBackend {
                 // the schema: a user who may use the table but not create
                 // tables (PostgreSQL 15's default on `public`) is refused
                 // even when the table is there. It is enough that it is.
-                Err(e) if e.kind() == ErrorKind::Unauthorized => {
-                    let found = sqlx::query(AssertSqlSafe(probe.as_str())).execute(&mut first.conn);
-                    let found = ask(&shared, "looking for the lock table", limit, false, found);
-                    if found.await.is_err() {
-                        return Err(Error::new(
-                            e.kind(),
-                            NAME,
-                            format!(
-                                "{}; the table {} is not there to use either: create it in advance (lockcore_postgres::schema_sql) or grant the user CREATE on the schema",
-                                e.message(),
-                                shared.cfg.table
-                            ),
-                        ));
-                    }
-                }
+                Err(e) if e.kind() == ErrorKind::Unauthorized => refused = Some(e),
                 Err(e) => return Err(e),
             }
-        } else {
-            ask(
-                &shared,
-                "looking for the lock table",
-                limit,
-                false,
-                sqlx::query(AssertSqlSafe(probe.as_str())).execute(&mut first.conn),
-            )
-            .await?;
+        }
+        let table = &shared.cfg.table;
+        let look = look(&shared, &mut first.conn).await?;
+        let problem = match (look, refused) {
+            (Look::Usable, _) => None,
+            (Look::Absent, Some(e)) => Some(Error::new(
+                e.kind(),
+                NAME,
+                format!(
+                    "{}; the table {table} is not there to use either: create it in advance (lockcore_postgres::schema_sql) or grant the user CREATE on the schema",
+                    e.message()
+                ),
+            )),
+            (Look::Absent, None) => Some(Error::invalid_config(
+                NAME,
+                format!("the lock table {table} is not there: create it in advance (lockcore_postgres::schema_sql), or connect with ensure_schema=true"),
+            )),
+            (Look::Unlike, _) => Some(Error::invalid_config(
+                NAME,
+                format!("the table {table} is not a lock table (it lacks columns of lockcore_postgres::schema_sql): name another with table=, or drop it"),
+            )),
+            (Look::Forbidden, _) => Some(Error::new(
+                ErrorKind::Unauthorized,
+                NAME,
+                format!("the user may not SELECT, INSERT and UPDATE the lock table {table}: grant it those rights"),
+            )),
+        };
+        if let Some(e) = problem {
+            return Err(e);
         }
         shared.give_back(first);
         Ok(PostgresBackend {
             shared: Arc::new(shared),
         })
     }
+}
+
+/// What a look at the lock table found.
+enum Look {
+    /// There, with its columns, and the user may use it.
+    Usable,
+    /// Not there.
+    Absent,
+    /// There, without the columns of a lock table.
+    Unlike,
+    /// There, but the user may not read or write it.
+    Forbidden,
+}
+
+/// Looks at the lock table: that it is there, has the columns the backend
+/// uses, and that the user may read and write it. A failure to ask (no
+/// answer in time, a connection lost) is that error, not a finding.
+async fn look(shared: &Shared, conn: &mut sqlx::PgConnection) -> Result<Look> {
+    let table = &shared.cfg.table;
+    let probe = format!(
+        "SELECT has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'INSERT') \
+         AND has_table_privilege($1, 'UPDATE'), \
+         (SELECT count(*) FROM (SELECT name, fence, owner, pid, since, value FROM {table} LIMIT 0) t)"
+    );
+    let request = async {
+        let found = sqlx::query_as::<_, (bool, i64)>(AssertSqlSafe(probe))
+            .bind(table)
+            .fetch_one(conn)
+            .await;
+        match found {
+            Ok((true, _)) => Ok(Look::Usable),
+            Ok((false, _)) => Ok(Look::Forbidden),
+            Err(e) => match sqlstate(&e).as_deref() {
+                Some(code::UNDEFINED_TABLE) => Ok(Look::Absent),
+                Some(code::UNDEFINED_COLUMN) => Ok(Look::Unlike),
+                Some(code::INSUFFICIENT_PRIVILEGE) => Ok(Look::Forbidden),
+                _ => Err(e),
+            },
+        }
+    };
+    let limit = shared.cfg.request_timeout;
+    ask(shared, "looking at the lock table", limit, false, request).await
 }

@@ -27,6 +27,8 @@ pub(crate) mod code {
     pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
     /// `invalid_catalog_name`: no such database.
     pub(crate) const INVALID_CATALOG: &str = "3D000";
+    /// `undefined_column`.
+    pub(crate) const UNDEFINED_COLUMN: &str = "42703";
     /// `undefined_table`.
     pub(crate) const UNDEFINED_TABLE: &str = "42P01";
     /// `undefined_object`: at connecting, a setting this server does not

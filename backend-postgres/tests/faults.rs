@@ -292,85 +292,6 @@ async fn a_terminated_session_is_lost(ctx: Ctx) {
     g2.release().await.unwrap();
 }
 
-/// A role whose default `statement_timeout` and `lock_timeout` are shorter
-/// than a wait (`ALTER ROLE ... SET`, as some sites set for every
-/// application) does not cut the wait short: the backend's sessions run
-/// without them and bound each request themselves. The role is reset
-/// before anything is asserted, so no later case connects with them.
-async fn a_role_statement_timeout_does_not_cut_a_wait(ctx: Ctx) {
-    let mut c = admin(&ctx).await;
-    for set in [
-        "ALTER ROLE CURRENT_USER SET statement_timeout = '300ms'",
-        "ALTER ROLE CURRENT_USER SET lock_timeout = '300ms'",
-    ] {
-        sqlx::query(set).execute(&mut c).await.unwrap();
-    }
-    // In a task of its own: a panic in it (a client that cannot connect)
-    // still lets the role be reset below.
-    let ctx2 = ctx.clone();
-    let waited = tokio::spawn(async move {
-        let ctx = ctx2;
-        let (a, b) = (ctx.locker().await, ctx.locker().await);
-        let name = ctx.name("role-timeouts");
-        let g = a.try_lock(&name).await?.expect("free");
-        let waiter = {
-            let name = name.clone();
-            tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(10)).await })
-        };
-        // Time is the subject: held four times the role's timeouts.
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        g.release().await?;
-        let g2 = waiter.await.expect("the waiter's task")?;
-        g2.release().await
-    });
-    let outcome = tokio::time::timeout(Duration::from_secs(30), waited).await;
-    for reset in [
-        "ALTER ROLE CURRENT_USER RESET statement_timeout",
-        "ALTER ROLE CURRENT_USER RESET lock_timeout",
-    ] {
-        sqlx::query(reset).execute(&mut c).await.unwrap();
-    }
-    let outcome = outcome
-        .expect("the wait ended within 30 s")
-        .expect("the waiting task");
-    if let Err(e) = outcome {
-        panic!("the role's timeouts cut the wait short: {e}");
-    }
-}
-
-/// A user that may use the lock table but not create tables (PostgreSQL
-/// 15's default on `public` for all but the database's owner; compose's
-/// `lockcore_dml`) connects with the default `ensure_schema`: the table
-/// is there, so nothing needs creating, and its locks exclude the owner's.
-async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
-    let owner = ctx.locker().await;
-    let mut c = admin(&ctx).await;
-    sqlx::query("GRANT SELECT, INSERT, UPDATE, DELETE ON lockcore_locks TO lockcore_dml")
-        .execute(&mut c)
-        .await
-        .unwrap();
-    let (_, at) = ctx.config.split_once('@').expect("a URL with a user");
-    let url = format!("postgres://lockcore_dml:lockcore@{at}");
-    // A table that is not there: the refusal says how to make it.
-    let sep = if at.contains('?') { '&' } else { '?' };
-    let absent = lockcore_postgres::connect(&format!("{url}{sep}table=lockcore_absent"))
-        .await
-        .expect_err("no table and no right to create it");
-    assert_eq!(absent.kind(), ErrorKind::Unauthorized, "{absent}");
-    assert!(absent.to_string().contains("schema_sql"), "{absent}");
-    let l = lockcore_postgres::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("a user without CREATE could not connect: {e}"));
-    let name = ctx.name("no-create");
-    let g = l.try_lock(&name).await.unwrap().expect("free");
-    assert!(
-        owner.try_lock(&name).await.unwrap().is_none(),
-        "taken beside the user without CREATE"
-    );
-    g.release().await.unwrap();
-    assert!(owner.try_lock(&name).await.unwrap().is_some());
-}
-
 fn main() -> std::process::ExitCode {
     run_serial(vec![
         harness::target("postgres-soak")
@@ -394,8 +315,6 @@ fn main() -> std::process::ExitCode {
             stalled_holder_is_timed_out_by_server,
             a_dropped_wait_leaves_the_servers_queue,
             a_terminated_session_is_lost,
-            a_role_statement_timeout_does_not_cut_a_wait,
-            a_user_without_create_connects_to_an_existing_table,
         ),
     ])
 }

@@ -1,5 +1,5 @@
 //! The PostgreSQL harness of the conformance suite, shared by this crate's
-//! test binaries (`conformance`, `faults`).
+//! test binaries (`conformance`, `faults`, `roles`).
 
 // Shared between test binaries: each uses a part.
 #![allow(dead_code)]

@@ -1,0 +1,217 @@
+//! What the server's roles and tables do to connecting and waiting
+//! (server from compose/): a role's default timeouts, a user without
+//! CREATE, a user without the table's rights, and a table of the lock
+//! table's name that is not one.
+
+// Test code: a failed expectation is a failed case.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod harness;
+
+use std::time::Duration;
+
+use lockcore::ErrorKind;
+use lockcore_conformance::own_cases;
+use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
+use sqlx::Connection;
+
+fn connect(url: String) -> ConnectFuture {
+    Box::pin(async move { lockcore_postgres::connect(&url).await })
+}
+
+async fn admin(ctx: &Ctx) -> sqlx::PgConnection {
+    sqlx::PgConnection::connect(ctx.config.split('?').next().unwrap())
+        .await
+        .expect("admin connection")
+}
+
+async fn exec(c: &mut sqlx::PgConnection, sql: &'static str) {
+    sqlx::query(sql)
+        .execute(c)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// The role's default timeouts, reset.
+async fn reset_role(c: &mut sqlx::PgConnection) {
+    exec(c, "ALTER ROLE CURRENT_USER RESET statement_timeout").await;
+    exec(c, "ALTER ROLE CURRENT_USER RESET lock_timeout").await;
+}
+
+/// `url` with the option `opt`.
+fn with(url: &str, opt: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{opt}")
+}
+
+/// The case's URL as compose's `lockcore_dml`, a role with no rights but
+/// to log in.
+fn dml_url(ctx: &Ctx) -> String {
+    let (_, at) = ctx.config.split_once('@').expect("a URL with a user");
+    format!("postgres://lockcore_dml:lockcore@{at}")
+}
+
+/// A role whose default `statement_timeout` and `lock_timeout` are shorter
+/// than a wait (`ALTER ROLE ... SET`, as some sites set for every
+/// application) does not cut the wait short: the backend's sessions run
+/// without them and bound each request themselves: a wait for the name,
+/// and a try that waits for its fence's row. The role is reset before and
+/// after, before anything is asserted, so no later case connects with
+/// them.
+async fn a_roles_timeouts_do_not_cut_a_wait(ctx: Ctx) {
+    let mut c = admin(&ctx).await;
+    // A run killed midway left them.
+    reset_role(&mut c).await;
+    for set in [
+        "ALTER ROLE CURRENT_USER SET statement_timeout = '300ms'",
+        "ALTER ROLE CURRENT_USER SET lock_timeout = '300ms'",
+    ] {
+        sqlx::query(set).execute(&mut c).await.unwrap();
+    }
+    // In a task of its own: a panic in it (a client that cannot connect)
+    // still lets the role be reset below.
+    let ctx2 = ctx.clone();
+    let waited = tokio::spawn(async move {
+        let ctx = ctx2;
+        let (a, b) = (ctx.locker().await, ctx.locker().await);
+        let name = ctx.name("role-timeouts");
+        let g = a.try_lock(&name).await?.expect("free");
+        let waiter = {
+            let name = name.clone();
+            tokio::spawn(async move { b.lock_timeout(&name, Duration::from_secs(10)).await })
+        };
+        // Time is the subject: held four times the role's timeouts.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        g.release().await?;
+        let g2 = waiter.await.expect("the waiter's task")?;
+        g2.release().await?;
+        // The fence's row locked by another transaction: a try waits for
+        // it, past the role's lock_timeout (the wait above sets its own).
+        let mut other = admin(&ctx).await;
+        let mut tx = other.begin().await.expect("begin");
+        sqlx::query("SELECT 1 FROM lockcore_locks WHERE name = $1 FOR UPDATE")
+            .bind(&name)
+            .execute(&mut *tx)
+            .await
+            .expect("the row locked");
+        let tried = tokio::spawn(async move { a.try_lock(&name).await });
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        tx.commit().await.expect("commit");
+        let g3 = tried.await.expect("the try's task")?.expect("free");
+        g3.release().await
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(30), waited).await;
+    reset_role(&mut c).await;
+    let outcome = outcome
+        .expect("the wait ended within 30 s")
+        .expect("the waiting task");
+    if let Err(e) = outcome {
+        panic!("the role's timeouts cut the wait short: {e}");
+    }
+}
+
+/// A user that may use the lock table but not create tables (PostgreSQL
+/// 15's default on `public` for all but the database's owner; compose's
+/// `lockcore_dml`) connects with the default `ensure_schema`: the table
+/// is there, so nothing needs creating, and its locks exclude the owner's.
+async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
+    let owner = ctx.locker().await;
+    let mut c = admin(&ctx).await;
+    exec(
+        &mut c,
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON lockcore_locks TO lockcore_dml",
+    )
+    .await;
+    let url = dml_url(&ctx);
+    // A table that is not there: the refusal says how to make it. Before
+    // PostgreSQL 15 everyone may create in `public`, and nothing is refused.
+    let may_create: bool =
+        sqlx::query_scalar("SELECT has_schema_privilege('lockcore_dml', 'public', 'CREATE')")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    if !may_create {
+        let absent = lockcore_postgres::connect(&with(&url, "table=lockcore_absent")).await;
+        exec(&mut c, "DROP TABLE IF EXISTS lockcore_absent").await;
+        let absent = absent.expect_err("no table and no right to create it");
+        assert_eq!(absent.kind(), ErrorKind::Unauthorized, "{absent}");
+        assert!(absent.to_string().contains("schema_sql"), "{absent}");
+    }
+    let l = lockcore_postgres::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("a user without CREATE could not connect: {e}"));
+    let name = ctx.name("no-create");
+    let g = l.try_lock(&name).await.unwrap().expect("free");
+    assert!(
+        owner.try_lock(&name).await.unwrap().is_none(),
+        "taken beside the user without CREATE"
+    );
+    g.release().await.unwrap();
+    assert!(owner.try_lock(&name).await.unwrap().is_some());
+    exec(&mut c, "REVOKE ALL ON lockcore_locks FROM lockcore_dml").await;
+}
+
+/// Connecting looks at the table: a user who may read it but not write
+/// it, or write it but not read it, is refused at once (not at its first
+/// lock), with the rights it needs; a table of that name without a lock
+/// table's columns is refused as not one; a table name set in code, past
+/// the URL's checks, is checked too.
+async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
+    let mut c = admin(&ctx).await;
+    let url = dml_url(&ctx);
+    for (grant, what) in [
+        (
+            "GRANT SELECT ON lockcore_locks TO lockcore_dml",
+            "read only",
+        ),
+        (
+            "GRANT INSERT, UPDATE, DELETE ON lockcore_locks TO lockcore_dml",
+            "write only",
+        ),
+    ] {
+        exec(&mut c, "REVOKE ALL ON lockcore_locks FROM lockcore_dml").await;
+        exec(&mut c, grant).await;
+        let e = lockcore_postgres::connect(&url).await;
+        exec(&mut c, "REVOKE ALL ON lockcore_locks FROM lockcore_dml").await;
+        let e = e.err().unwrap_or_else(|| panic!("{what}: connected"));
+        assert_eq!(e.kind(), ErrorKind::Unauthorized, "{what}: {e}");
+        let said = e.to_string();
+        assert!(said.contains("SELECT, INSERT and UPDATE"), "{what}: {said}");
+        assert!(!said.contains("not there"), "{what}: {said}");
+    }
+    exec(&mut c, "DROP TABLE IF EXISTS lockcore_unlike").await;
+    exec(
+        &mut c,
+        "CREATE TABLE lockcore_unlike (name text PRIMARY KEY)",
+    )
+    .await;
+    let e = lockcore_postgres::connect(&with(&ctx.config, "table=lockcore_unlike")).await;
+    exec(&mut c, "DROP TABLE lockcore_unlike").await;
+    let e = e.expect_err("a table that is not a lock table");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("not a lock table"), "{e}");
+    let mut cfg = lockcore_postgres::PostgresConfig::parse(&ctx.config).unwrap();
+    cfg.table = "lockcore_locks; SELECT 1".into();
+    let e = lockcore_postgres::PostgresBackend::connect(cfg).await;
+    let e = e.expect_err("a table name that is not one");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+}
+
+fn main() -> std::process::ExitCode {
+    run_serial(vec![own_cases!(
+        Target::new(
+            "postgres-roles",
+            Some("LOCKTEST_POSTGRES_URL"),
+            |url| async move {
+                // Creates the table if needed.
+                drop(lockcore_postgres::connect(&url).await?);
+                Ok(UrlHarness::shared(url, connect))
+            }
+        )
+        .hint(COMPOSE_HINT)
+        .only_own_cases(),
+        a_roles_timeouts_do_not_cut_a_wait,
+        a_user_without_create_connects_to_an_existing_table,
+        connecting_checks_the_table_and_the_users_rights,
+    )])
+}
