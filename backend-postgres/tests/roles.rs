@@ -12,12 +12,8 @@ use std::time::Duration;
 
 use lockcore::ErrorKind;
 use lockcore_conformance::own_cases;
-use lockcore_conformance::{run_serial, ConnectFuture, Ctx, Target, UrlHarness, COMPOSE_HINT};
+use lockcore_conformance::{run_serial, Ctx};
 use sqlx::Connection;
-
-fn connect(url: String) -> ConnectFuture {
-    Box::pin(async move { lockcore_postgres::connect(&url).await })
-}
 
 async fn admin(ctx: &Ctx) -> sqlx::PgConnection {
     sqlx::PgConnection::connect(ctx.config.split('?').next().unwrap())
@@ -157,6 +153,8 @@ async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
 /// table's columns is refused as not one; a table name set in code, past
 /// the URL's checks, is checked too.
 async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
+    // The owner's connection makes the table.
+    drop(ctx.locker().await);
     let mut c = admin(&ctx).await;
     let url = dml_url(&ctx);
     for (grant, what) in [
@@ -199,17 +197,7 @@ async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
 
 fn main() -> std::process::ExitCode {
     run_serial(vec![own_cases!(
-        Target::new(
-            "postgres-roles",
-            Some("LOCKTEST_POSTGRES_URL"),
-            |url| async move {
-                // Creates the table if needed.
-                drop(lockcore_postgres::connect(&url).await?);
-                Ok(UrlHarness::shared(url, connect))
-            }
-        )
-        .hint(COMPOSE_HINT)
-        .only_own_cases(),
+        harness::target("postgres-roles").only_own_cases(),
         a_roles_timeouts_do_not_cut_a_wait,
         a_user_without_create_connects_to_an_existing_table,
         connecting_checks_the_table_and_the_users_rights,
