@@ -8,6 +8,7 @@ use sqlx::AssertSqlSafe;
 use crate::config::{check_table, PostgresConfig, NAME};
 use crate::conn::{ask, Shared};
 use crate::error::{code, sqlstate};
+use crate::sql::ident;
 
 /// A PostgreSQL server holding locks as session-level advisory locks. Cheap
 /// to clone: clones share connections.
@@ -89,7 +90,7 @@ impl PostgresBackend {
             )),
             (Look::Unlike, _) => Some(Error::invalid_config(
                 NAME,
-                format!("the table {table} is not a lock table (it lacks columns of lockcore_postgres::schema_sql): name another with table=, or drop it"),
+                format!("the table {table} is not a lock table (it lacks columns, or the unique key on name, of lockcore_postgres::schema_sql): name another with table=, or drop it"),
             )),
             (Look::Forbidden, _) => Some(Error::new(
                 ErrorKind::Unauthorized,
@@ -113,30 +114,42 @@ enum Look {
     Usable,
     /// Not there.
     Absent,
-    /// There, without the columns of a lock table.
+    /// There, without the columns of a lock table or its unique key on
+    /// `name`.
     Unlike,
     /// There, but the user may not read or write it.
     Forbidden,
 }
 
-/// Looks at the lock table: that it is there, has the columns the backend
-/// uses, and that the user may read and write it. A failure to ask (no
-/// answer in time, a connection lost) is that error, not a finding.
+/// Looks at the lock table: that it is there, has the columns and the
+/// unique key on `name` the backend's statements use, and that the user
+/// may read, write and update those columns (granted on the table or on
+/// each column). A failure to ask (no answer in time, a connection lost)
+/// is that error, not a finding.
 async fn look(shared: &Shared, conn: &mut sqlx::PgConnection) -> Result<Look> {
-    let table = &shared.cfg.table;
+    let table = ident(&shared.cfg.table);
+    // The table's own columns are read first: a missing table or column
+    // fails the statement before the functions below run on it.
     let probe = format!(
-        "SELECT has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'INSERT') \
-         AND has_table_privilege($1, 'UPDATE'), \
+        "SELECT \
+         (SELECT bool_and(has_column_privilege($1, c, 'SELECT') AND has_column_privilege($1, c, 'INSERT') \
+          AND (c = 'name' OR has_column_privilege($1, c, 'UPDATE'))) \
+          FROM unnest(ARRAY['name', 'fence', 'owner', 'pid', 'since', 'value']) c), \
+         EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a \
+          ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+          WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid AND i.indimmediate \
+          AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = 'name'), \
          (SELECT count(*) FROM (SELECT name, fence, owner, pid, since, value FROM {table} LIMIT 0) t)"
     );
     let request = async {
-        let found = sqlx::query_as::<_, (bool, i64)>(AssertSqlSafe(probe))
-            .bind(table)
+        let found = sqlx::query_as::<_, (bool, bool, i64)>(AssertSqlSafe(probe))
+            .bind(&table)
             .fetch_one(conn)
             .await;
         match found {
-            Ok((true, _)) => Ok(Look::Usable),
-            Ok((false, _)) => Ok(Look::Forbidden),
+            Ok((_, false, _)) => Ok(Look::Unlike),
+            Ok((true, true, _)) => Ok(Look::Usable),
+            Ok((false, true, _)) => Ok(Look::Forbidden),
             Err(e) => match sqlstate(&e).as_deref() {
                 Some(code::UNDEFINED_TABLE) => Ok(Look::Absent),
                 Some(code::UNDEFINED_COLUMN) => Ok(Look::Unlike),

@@ -14,6 +14,13 @@ pub(crate) fn ttl_ms(ttl: Duration) -> String {
     ttl.as_millis().max(1).to_string()
 }
 
+/// `table` as it is written in a statement: quoted, so that a word SQL
+/// reserves (`user`, `order`) names a table like any other, and in lower
+/// case, so that it names the table the same name unquoted does.
+pub(crate) fn ident(table: &str) -> String {
+    format!("\"{}\"", table.to_ascii_lowercase().replace('"', "\"\""))
+}
+
 /// The fencing token of a new holder: one more than the name's counter,
 /// and at least the server's clock in microseconds (a counter that went
 /// back, a table restored from a backup, still gives rising tokens).
@@ -83,6 +90,8 @@ pub(crate) struct Taking {
 }
 
 impl Taking {
+    /// The statements of `kind` on `table`, an identifier as [`ident`]
+    /// writes it.
     fn new(table: &str, kind: Kind) -> Self {
         let (seed, shared) = match kind {
             Kind::Lock => (0, ""),
@@ -170,6 +179,7 @@ pub(crate) struct Sql {
 impl Sql {
     /// The statements of `table` (already checked to be a plain name).
     pub(crate) fn new(table: &str) -> Self {
+        let table = &ident(table);
         let lockers = "SELECT l.granted, l.pid, l.mode FROM pg_locks l WHERE ";
         Sql {
             schema: format!(
@@ -241,7 +251,8 @@ pub fn lock_statements(table: &str) -> (String, String) {
 /// default), for a DBA who creates the table in advance.
 ///
 /// ```
-/// assert!(lockcore_postgres::schema_sql("lockcore_locks").contains("CREATE TABLE IF NOT EXISTS lockcore_locks"));
+/// let ddl = lockcore_postgres::schema_sql("lockcore_locks");
+/// assert!(ddl.contains(r#"CREATE TABLE IF NOT EXISTS "lockcore_locks""#));
 /// ```
 pub fn schema_sql(table: &str) -> String {
     Sql::new(table).schema

@@ -1,7 +1,8 @@
 //! What the server's roles and tables do to connecting and waiting
 //! (server from compose/): a role's default timeouts, a user without
-//! CREATE, a user without the table's rights, and a table of the lock
-//! table's name that is not one.
+//! CREATE, a user with the table's rights or its columns', a user
+//! without them, a table of the lock table's name that is not one, and a
+//! table named by a reserved word.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -106,18 +107,47 @@ async fn a_roles_timeouts_do_not_cut_a_wait(ctx: Ctx) {
     }
 }
 
+/// What a user needs of the lock table, granted on the table and then on
+/// its columns alone.
+const GRANTS: [&str; 2] = [
+    "GRANT SELECT, INSERT, UPDATE ON lockcore_locks TO lockcore_dml",
+    "GRANT SELECT (name, fence, owner, pid, since, value), \
+     INSERT (name, fence, owner, pid, since, value), \
+     UPDATE (fence, owner, pid, since, value) ON lockcore_locks TO lockcore_dml",
+];
+
+/// Locks, inspects, lists and releases a name through `url`, proving each
+/// step on the server with `owner`'s client.
+async fn uses_the_table(ctx: Ctx, url: String, owner: lockcore::Locker) -> lockcore::Result<()> {
+    let l = lockcore_postgres::connect(&url).await?;
+    let name = ctx.name("no-create");
+    let g = l.try_lock(&name).await?.expect("free");
+    assert!(
+        owner.try_lock(&name).await?.is_none(),
+        "taken beside the user without CREATE"
+    );
+    let info = l.inspect(&name).await?.expect("inspected");
+    let fence = info.holder.as_ref().and_then(|h| h.fence);
+    assert_eq!(fence, g.fence(), "{info:?}");
+    let held = l.held(&name, 10).await?.expect("the backend lists");
+    assert_eq!(held.names.len(), 1, "{held:?}");
+    g.release().await?;
+    assert!(owner.try_lock(&name).await?.is_some(), "not released");
+    Ok(())
+}
+
 /// A user that may use the lock table but not create tables (PostgreSQL
 /// 15's default on `public` for all but the database's owner; compose's
 /// `lockcore_dml`) connects with the default `ensure_schema`: the table
-/// is there, so nothing needs creating, and its locks exclude the owner's.
+/// is there, so nothing needs creating. SELECT, INSERT and UPDATE are
+/// enough, granted on the table or on its columns alone: it locks,
+/// inspects, lists and releases, and its locks exclude the owner's. Its
+/// rights are revoked before anything is asserted.
 async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
     let owner = ctx.locker().await;
     let mut c = admin(&ctx).await;
-    exec(
-        &mut c,
-        "GRANT SELECT, INSERT, UPDATE, DELETE ON lockcore_locks TO lockcore_dml",
-    )
-    .await;
+    // A run killed midway left them.
+    exec(&mut c, "REVOKE ALL ON lockcore_locks FROM lockcore_dml").await;
     let url = dml_url(&ctx);
     // A table that is not there: the refusal says how to make it. Before
     // PostgreSQL 15 everyone may create in `public`, and nothing is refused.
@@ -133,18 +163,47 @@ async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
         assert_eq!(absent.kind(), ErrorKind::Unauthorized, "{absent}");
         assert!(absent.to_string().contains("schema_sql"), "{absent}");
     }
-    let l = lockcore_postgres::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("a user without CREATE could not connect: {e}"));
-    let name = ctx.name("no-create");
-    let g = l.try_lock(&name).await.unwrap().expect("free");
-    assert!(
-        owner.try_lock(&name).await.unwrap().is_none(),
-        "taken beside the user without CREATE"
-    );
-    g.release().await.unwrap();
-    assert!(owner.try_lock(&name).await.unwrap().is_some());
-    exec(&mut c, "REVOKE ALL ON lockcore_locks FROM lockcore_dml").await;
+    for grant in GRANTS {
+        exec(&mut c, grant).await;
+        let used = tokio::spawn(uses_the_table(ctx.clone(), url.clone(), owner.clone())).await;
+        exec(&mut c, "REVOKE ALL ON lockcore_locks FROM lockcore_dml").await;
+        match used {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("{grant}: {e}"),
+            Err(e) => panic!("{grant}: {e}"),
+        }
+    }
+}
+
+/// A table named by a word SQL reserves (`user`, `order`) is a table of
+/// that name, not the current user or a syntax error.
+async fn a_table_named_by_a_keyword_is_that_table(ctx: Ctx) {
+    let mut c = admin(&ctx).await;
+    let other = ctx.locker().await;
+    for table in ["user", "order"] {
+        let url = with(&ctx.config, &format!("table={table}"));
+        let used = async {
+            let l = lockcore_postgres::connect(&url).await?;
+            let name = ctx.name("keyword");
+            let g = l.try_lock(&name).await?.expect("free");
+            assert!(l.inspect(&name).await?.is_some(), "{table}: not inspected");
+            // The name's advisory lock is shared across tables.
+            assert!(
+                other.try_lock(&name).await?.is_none(),
+                "{table}: taken twice"
+            );
+            g.release().await
+        }
+        .await;
+        let dropped = format!("DROP TABLE IF EXISTS \"{table}\"");
+        sqlx::query(sqlx::AssertSqlSafe(dropped))
+            .execute(&mut c)
+            .await
+            .unwrap();
+        if let Err(e) = used {
+            panic!("table={table}: {e}");
+        }
+    }
 }
 
 /// Connecting looks at the table: a user who may read it but not write
@@ -188,6 +247,20 @@ async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
     let e = e.expect_err("a table that is not a lock table");
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
     assert!(e.to_string().contains("not a lock table"), "{e}");
+    // Its columns, without the unique key on `name` that a lock's upsert
+    // needs.
+    exec(&mut c, "DROP TABLE IF EXISTS lockcore_unkeyed").await;
+    exec(
+        &mut c,
+        "CREATE TABLE lockcore_unkeyed (name text, fence bigint NOT NULL, owner text, \
+         pid integer, since timestamptz, value text)",
+    )
+    .await;
+    let e = lockcore_postgres::connect(&with(&ctx.config, "table=lockcore_unkeyed")).await;
+    exec(&mut c, "DROP TABLE lockcore_unkeyed").await;
+    let e = e.expect_err("a table without the unique key on name");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("not a lock table"), "{e}");
     let mut cfg = lockcore_postgres::PostgresConfig::parse(&ctx.config).unwrap();
     cfg.table = "lockcore_locks; SELECT 1".into();
     let e = lockcore_postgres::PostgresBackend::connect(cfg).await;
@@ -200,6 +273,7 @@ fn main() -> std::process::ExitCode {
         harness::target("postgres-roles").only_own_cases(),
         a_roles_timeouts_do_not_cut_a_wait,
         a_user_without_create_connects_to_an_existing_table,
+        a_table_named_by_a_keyword_is_that_table,
         connecting_checks_the_table_and_the_users_rights,
     )])
 }

@@ -91,7 +91,11 @@ impl LockOptions {
     /// while the holder counts `ttl` of validity (see
     /// [`Capabilities::lock_delay`](crate::Capabilities::lock_delay); a
     /// backend that cannot enforce it refuses the option). `ttl + delay`
-    /// must be within the ttl range.
+    /// must be within the ttl range, and the delay at most about
+    /// `49 × ttl − 200 ms`: the clock-drift allowance (1 % plus 2 ms) is
+    /// taken on `ttl + delay`, all of it from the holder's count, and must
+    /// leave the holder half its ttl ([`validate`](LockOptions::validate)
+    /// refuses more).
     ///
     /// ```
     /// use std::time::Duration;
@@ -145,7 +149,11 @@ impl LockOptions {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::InvalidConfig`] for a ttl or wait out of range.
+    /// [`ErrorKind::InvalidConfig`] for a ttl or wait out of range, a
+    /// `ttl + lock_delay` beyond the longest ttl, or a lock-delay that
+    /// leaves the holder less than half its ttl once the clock-drift
+    /// allowance on `ttl + lock_delay` is taken (a delay above about
+    /// `49 × ttl − 200 ms`; 10 s with a 1 s ttl is accepted, 60 s is not).
     pub fn validate(&self, backend: &'static str) -> Result<()> {
         if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
             return Err(Error::new(

@@ -63,8 +63,9 @@ pub(crate) trait Watched: Send + Sync + 'static {
     /// Its place in the queue.
     fn timer(&self) -> &Timer;
     /// One check; returns when to check again, or `None` to stop watching.
-    /// Called with the queue locked: it must only make the future, and the
-    /// future may call back into the watchdog. The future runs in the
+    /// Called with the queue unlocked, in the watchdog's task (a panic in
+    /// making the future ends this item's watch only); it should only make
+    /// the future, and the future may call back into the watchdog. The future runs in the
     /// watchdog's task outside tokio's cooperative budget, beside every
     /// other check: it must not loop on ready resources without yielding.
     fn check(self: Arc<Self>) -> CheckFuture;
