@@ -66,6 +66,17 @@ impl EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// Sends `lease` a keepalive in the background, unless one was sent
+    /// within `fresh`: asked ahead of the end of the window in which
+    /// renewals take its last answer (`KeepAlives::ask_ahead`), so that
+    /// they find a new one. A failure is the next renewal's to meet.
+    pub(crate) fn keep_alive_ahead(&self, lease: i64, limit: Duration, fresh: Duration) {
+        let b = self.clone();
+        spawn_ahead(async move {
+            let _ = b.keep_alive_within(lease, limit, fresh).await;
+        });
+    }
+
     /// Revokes `lease` (deleting its keys), logging failures: the lease
     /// then ends by its ttl.
     pub(crate) async fn revoke(self, lease: i64, limit: Duration) {
@@ -84,5 +95,12 @@ impl EtcdBackend {
                 )
             }
         }
+    }
+}
+
+/// Runs `work` on the current runtime, if there is one.
+fn spawn_ahead(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(work);
     }
 }

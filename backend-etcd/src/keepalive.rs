@@ -27,8 +27,7 @@
 //! deadline (counted from when the renewal asked) is dropped (one reset) and every renewal waiting on it fails with `Unavailable`; the
 //! next renewal opens a new stream (perhaps to another member).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
@@ -41,6 +40,8 @@ use crate::config::NAME;
 use crate::error::map_err;
 use lockcore::raw::batch::Worker;
 
+use sent::{Answer, Ask, Recent, Sent};
+
 /// Keep-alive streams per backend.
 pub(crate) const STREAMS: usize = 16;
 
@@ -51,22 +52,6 @@ const IN_FLIGHT: usize = 256;
 /// How often a stream with renewals in flight is checked for lag.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 
-/// What a renewal asked: `Ok(Some(sent))` renewed by a keepalive sent at
-/// `sent`, `Ok(None)` the lease is gone.
-type Reply = oneshot::Sender<Result<Option<Instant>>>;
-
-/// One renewal's request: the lease and where its answer goes.
-struct Ask {
-    id: i64,
-    /// How long the renewal waits for its answer.
-    limit: Duration,
-    /// Until when: `limit` from when the renewal asked.
-    deadline: Instant,
-    /// How old a keepalive of the same lease it may take the answer of.
-    fresh: Duration,
-    reply: Reply,
-}
-
 /// The handle on a backend's keep-alive tasks, each started on first use
 /// (and again if the runtime that ran it has ended).
 pub(crate) struct KeepAlives {
@@ -76,10 +61,6 @@ pub(crate) struct KeepAlives {
     /// The last answer for each lease renewed with a `fresh` window.
     recent: Recent,
 }
-
-/// Each shared lease's last answer: when its keepalive was sent, and
-/// whether the lease lived. Written by the tasks, read by the renewals.
-type Recent = Arc<Mutex<HashMap<i64, (Instant, bool)>>>;
 
 impl KeepAlives {
     /// A handle for `client`; its tasks run on the current runtime.
@@ -141,8 +122,19 @@ impl KeepAlives {
     /// as [`renew`](Self::renew) takes it; `None` when there is none.
     pub(crate) fn known(&self, id: i64, fresh: Duration) -> Option<Option<Instant>> {
         let since = Instant::now().checked_sub(fresh)?;
-        let &(sent, alive) = lock(&self.recent).get(&id)?;
-        (!fresh.is_zero() && sent >= since).then_some(alive.then_some(sent))
+        let a = *lock(&self.recent).get(&id)?;
+        (!fresh.is_zero() && a.sent >= since).then_some(a.alive.then_some(a.sent))
+    }
+
+    /// Whether a renewal that took the answer of `id`'s keepalive sent at
+    /// `sent` ([`known`](Self::known), within `fresh`) should ask for the
+    /// next one now: true once per answer, when it is older than three
+    /// quarters of `fresh`. A keepalive sent then is answered before the
+    /// window ends, so that the renewals coming due after it still find an
+    /// answer they may take, instead of each waiting on a keepalive of
+    /// their own.
+    pub(crate) fn ask_ahead(&self, id: i64, sent: Instant, fresh: Duration) -> bool {
+        sent::ask_ahead(&self.recent, id, sent, fresh, Instant::now())
     }
 
     /// Hands `ask` to its lease's task, starting one if none runs.
@@ -168,117 +160,6 @@ struct Open {
     /// Asked, not yet sent (the stream's send buffer was full).
     outbox: VecDeque<Ask>,
     sent: Sent,
-}
-
-/// One keepalive sent and not answered, and the renewals waiting on it.
-struct Pending {
-    sent: Instant,
-    /// Asked with a `fresh` window: its answer is kept for others.
-    kept: bool,
-    replies: Vec<Reply>,
-}
-
-/// How long a lease's last answer is kept for renewals that may take it:
-/// the longest `fresh` window (`shared.rs` caps it at a second).
-const RECENT: Duration = Duration::from_secs(1);
-
-/// The renewals sent on a stream and not answered.
-struct Sent {
-    /// By lease id, in the order sent.
-    waiting: HashMap<i64, VecDeque<Pending>>,
-    /// Until when each waits, in the order sent (the order answered).
-    deadlines: VecDeque<Instant>,
-    /// The answers kept for renewals with a `fresh` window.
-    recent: Recent,
-}
-
-impl Sent {
-    fn new(recent: Recent) -> Self {
-        Sent {
-            waiting: HashMap::new(),
-            deadlines: VecDeque::new(),
-            recent,
-        }
-    }
-
-    /// Answers `ask` from a keepalive of its lease sent within its
-    /// `fresh` window (answered, or in flight); gives it back otherwise.
-    fn join(&mut self, ask: Ask) -> Option<Ask> {
-        if ask.fresh.is_zero() {
-            return Some(ask);
-        }
-        let Some(since) = Instant::now().checked_sub(ask.fresh) else {
-            return Some(ask);
-        };
-        if let Some(&(sent, alive)) = lock(&self.recent).get(&ask.id) {
-            if sent >= since {
-                let _ = ask.reply.send(Ok(alive.then_some(sent)));
-                return None;
-            }
-        }
-        match self.waiting.get_mut(&ask.id).and_then(|q| q.back_mut()) {
-            Some(p) if p.sent >= since => {
-                p.replies.push(ask.reply);
-                None
-            }
-            _ => Some(ask),
-        }
-    }
-
-    /// Records a keepalive of `ask`'s lease sent at `sent`.
-    fn push(&mut self, ask: Ask, sent: Instant) {
-        let Ask {
-            id,
-            deadline,
-            fresh,
-            reply,
-            ..
-        } = ask;
-        self.waiting.entry(id).or_default().push_back(Pending {
-            sent,
-            kept: !fresh.is_zero(),
-            replies: vec![reply],
-        });
-        self.deadlines.push_back(deadline);
-    }
-
-    /// Routes one answer to the renewals waiting on it.
-    fn answer(&mut self, id: i64, ttl: i64) {
-        if let Some(q) = self.waiting.get_mut(&id) {
-            if let Some(p) = q.pop_front() {
-                self.deadlines.pop_front();
-                let alive = ttl > 0;
-                if p.kept {
-                    lock(&self.recent).insert(id, (p.sent, alive));
-                }
-                for reply in p.replies {
-                    let _ = reply.send(Ok(alive.then_some(p.sent)));
-                }
-            }
-            if q.is_empty() {
-                self.waiting.remove(&id);
-            }
-        }
-    }
-
-    /// Forgets the answers too old for any renewal to take.
-    fn prune(&mut self) {
-        if let Some(since) = Instant::now().checked_sub(RECENT) {
-            lock(&self.recent).retain(|_, (sent, _)| *sent >= since);
-        }
-    }
-
-    fn in_flight(&self) -> usize {
-        self.deadlines.len()
-    }
-
-    /// Whether a renewal in flight is past its own deadline: the stream is
-    /// stalled or too far behind for it (renewals of shorter ttls have
-    /// shorter deadlines, so not only the oldest is looked at).
-    fn behind(&self) -> bool {
-        let now = Instant::now();
-        self.deadlines.iter().any(|d| *d < now)
-    }
 }
 
 impl Open {
@@ -408,7 +289,7 @@ impl Task {
         let err = match tokio::time::timeout(ask.limit, lc.keep_alive(ask.id)).await {
             Ok(Ok((keeper, answers))) => {
                 if !ask.fresh.is_zero() {
-                    lock(&self.recent).insert(ask.id, (sent, true));
+                    lock(&self.recent).insert(ask.id, Answer::new(sent, true));
                 }
                 let _ = ask.reply.send(Ok(Some(sent)));
                 return Some(Open {
@@ -448,3 +329,5 @@ impl Task {
 fn blank<T: Default>(_: &mpsc::Sender<T>) -> T {
     T::default()
 }
+
+mod sent;

@@ -243,7 +243,10 @@ impl BackendLease for EtcdLease {
 
     /// A lock on the shared lease is renewed by that lease's latest
     /// keepalive and read of its keys when both are recent enough for
-    /// [`renew`](BackendLease::renew) to take them, as it would.
+    /// [`renew`](BackendLease::renew) to take them, as it would. A
+    /// keepalive answer three quarters through its window has the next
+    /// keepalive sent in the background, once, so that the renewals due
+    /// after it find a new answer instead of each waiting on one.
     fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
         let shared = self.shared.load(Ordering::Acquire);
         if ttl != self.ttl || shared == 0 || self.finished.load(Ordering::Acquire) {
@@ -252,6 +255,11 @@ impl BackendLease for EtcdLease {
         let moved = *self.moved_at.get()?;
         let inner = &self.backend.inner;
         let sent = inner.keepalives.known(shared, self.window)??;
+        let b = &self.backend;
+        if inner.keepalives.ask_ahead(shared, sent, self.window) {
+            // Within half the window: the answer taken now is not taken.
+            b.keep_alive_ahead(shared, b.op_timeout(self.ttl), self.window / 2);
+        }
         let recent = Instant::now().checked_sub(self.check_window);
         let not_before = recent.map_or(moved, |r| r.max(moved));
         // A key found gone: `renew` reads the same, and says so.
