@@ -72,7 +72,8 @@ impl PostgresBackend {
                 Err(e) => return Err(e),
             }
         }
-        let table = &shared.cfg.table;
+        // As the statements name it: quoted, in lower case.
+        let table = &ident(&shared.cfg.table);
         let look = look(&shared, &mut first.conn).await?;
         let problem = match (look, refused) {
             (Look::Usable, _) => None,
@@ -88,14 +89,14 @@ impl PostgresBackend {
                 NAME,
                 format!("the lock table {table} is not there: create it in advance (lockcore_postgres::schema_sql), or connect with ensure_schema=true"),
             )),
-            (Look::Unlike, _) => Some(Error::invalid_config(
+            (Look::Unlike(why), _) => Some(Error::invalid_config(
                 NAME,
-                format!("the table {table} is not a lock table (it lacks columns, or the unique key on name, of lockcore_postgres::schema_sql): name another with table=, or drop it"),
+                format!("the table {table} is not a lock table as lockcore_postgres::schema_sql makes one ({why}): give it those columns and the unique key on name, or name another table with table="),
             )),
-            (Look::Forbidden, _) => Some(Error::new(
+            (Look::Forbidden(why), _) => Some(Error::new(
                 ErrorKind::Unauthorized,
                 NAME,
-                format!("the user may not SELECT, INSERT and UPDATE the lock table {table}: grant it those rights"),
+                format!("the user may not SELECT, INSERT and UPDATE the lock table {table} ({why}): grant it those rights, on the table or on its columns"),
             )),
         };
         if let Some(e) = problem {
@@ -115,47 +116,69 @@ enum Look {
     /// Not there.
     Absent,
     /// There, without the columns of a lock table or its unique key on
-    /// `name`.
-    Unlike,
-    /// There, but the user may not read or write it.
-    Forbidden,
+    /// `name`: the server's words.
+    Unlike(String),
+    /// There, but the user may not read or write it: the server's words.
+    Forbidden(String),
 }
 
-/// Looks at the lock table: that it is there, has the columns and the
-/// unique key on `name` the backend's statements use, and that the user
-/// may read, write and update those columns (granted on the table or on
-/// each column). A failure to ask (no answer in time, a connection lost)
-/// is that error, not a finding.
+/// Looks at the lock table the way the backend uses it: `EXPLAIN` of a
+/// lock's take and release, of the holder's read and of the listing, which
+/// plans each statement and checks the user's rights on what it touches
+/// without running it. So the table (or a view over one) is there, has
+/// the columns and the unique key on `name` the statements use, and the
+/// user may read, write and update them, granted on the table or on the
+/// columns, as the server will judge at the first lock. A failure to ask
+/// (no answer in time, a connection lost) is that error, not a finding.
 async fn look(shared: &Shared, conn: &mut sqlx::PgConnection) -> Result<Look> {
-    let table = ident(&shared.cfg.table);
-    // The table's own columns are read first: a missing table or column
-    // fails the statement before the functions below run on it.
-    let probe = format!(
-        "SELECT \
-         (SELECT bool_and(has_column_privilege($1, c, 'SELECT') AND has_column_privilege($1, c, 'INSERT') \
-          AND (c = 'name' OR has_column_privilege($1, c, 'UPDATE'))) \
-          FROM unnest(ARRAY['name', 'fence', 'owner', 'pid', 'since', 'value']) c), \
-         EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a \
-          ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-          WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid AND i.indimmediate \
-          AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = 'name'), \
-         (SELECT count(*) FROM (SELECT name, fence, owner, pid, since, value FROM {table} LIMIT 0) t)"
-    );
+    let sql = &shared.sql;
+    let explain = |stmt: &str| format!("EXPLAIN {stmt}");
     let request = async {
-        let found = sqlx::query_as::<_, (bool, bool, i64)>(AssertSqlSafe(probe))
-            .bind(&table)
-            .fetch_one(conn)
-            .await;
-        match found {
-            Ok((_, false, _)) => Ok(Look::Unlike),
-            Ok((true, true, _)) => Ok(Look::Usable),
-            Ok((false, true, _)) => Ok(Look::Forbidden),
-            Err(e) => match sqlstate(&e).as_deref() {
-                Some(code::UNDEFINED_TABLE) => Ok(Look::Absent),
-                Some(code::UNDEFINED_COLUMN) => Ok(Look::Unlike),
-                Some(code::INSUFFICIENT_PRIVILEGE) => Ok(Look::Forbidden),
-                _ => Err(e),
-            },
+        let planned = async {
+            sqlx::query(AssertSqlSafe(explain(&sql.lock.try_lock)))
+                .bind("")
+                .bind("")
+                .bind(None::<&str>)
+                .bind("1")
+                .bind("")
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(AssertSqlSafe(explain(&sql.lock.release)))
+                .bind("")
+                .bind("")
+                .bind("")
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(AssertSqlSafe(explain(&sql.holder_row)))
+                .bind("")
+                .bind(0_i32)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(AssertSqlSafe(explain(&sql.list)))
+                .bind("%")
+                .bind(1_i64)
+                .execute(&mut *conn)
+                .await
+        };
+        let e = match planned.await {
+            Ok(_) => return Ok(Look::Usable),
+            Err(e) => e,
+        };
+        let said = || {
+            e.as_database_error()
+                .map(|d| d.message().to_owned())
+                .unwrap_or_default()
+        };
+        match sqlstate(&e).as_deref() {
+            Some(code::UNDEFINED_TABLE) => Ok(Look::Absent),
+            Some(
+                code::UNDEFINED_COLUMN
+                | code::INVALID_COLUMN_REFERENCE
+                | code::DATATYPE_MISMATCH
+                | code::WRONG_OBJECT_TYPE,
+            ) => Ok(Look::Unlike(said())),
+            Some(code::INSUFFICIENT_PRIVILEGE) => Ok(Look::Forbidden(said())),
+            _ => Err(e),
         }
     };
     let limit = shared.cfg.request_timeout;

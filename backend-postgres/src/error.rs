@@ -27,8 +27,20 @@ pub(crate) mod code {
     pub(crate) const INSUFFICIENT_PRIVILEGE: &str = "42501";
     /// `invalid_catalog_name`: no such database.
     pub(crate) const INVALID_CATALOG: &str = "3D000";
+    /// `invalid_schema_name`: at a CREATE, no schema on the search_path
+    /// exists ("no schema has been selected to create in").
+    pub(crate) const INVALID_SCHEMA_NAME: &str = "3F000";
     /// `undefined_column`.
     pub(crate) const UNDEFINED_COLUMN: &str = "42703";
+    /// `invalid_column_reference`: among others, no unique key matches an
+    /// `ON CONFLICT` target.
+    pub(crate) const INVALID_COLUMN_REFERENCE: &str = "42P10";
+    /// `datatype_mismatch`: a column of another type than a statement
+    /// writes.
+    pub(crate) const DATATYPE_MISMATCH: &str = "42804";
+    /// `wrong_object_type`: a relation of the name that cannot be
+    /// written as a table (a view that is not updatable, a sequence).
+    pub(crate) const WRONG_OBJECT_TYPE: &str = "42809";
     /// `undefined_table`.
     pub(crate) const UNDEFINED_TABLE: &str = "42P01";
     /// `undefined_object`: at connecting, a setting this server does not
@@ -102,7 +114,9 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
             Some(
                 code::INVALID_PASSWORD | code::INVALID_AUTHORIZATION | code::INSUFFICIENT_PRIVILEGE,
             ) => ErrorKind::Unauthorized,
-            Some(code::INVALID_CATALOG | code::UNDEFINED_TABLE) => ErrorKind::InvalidConfig,
+            Some(code::INVALID_CATALOG | code::UNDEFINED_TABLE | code::INVALID_SCHEMA_NAME) => {
+                ErrorKind::InvalidConfig
+            }
             Some(
                 code::ADMIN_SHUTDOWN
                 | code::CRASH_SHUTDOWN
@@ -119,6 +133,9 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
             "; the server lets this client open no more connections (its max_connections, or the role's CONNECTION LIMIT): every lock held or awaited keeps a connection of its own, so that limit bounds how many locks one client holds at once"
         }
         ErrorKind::Unavailable => "; is the server up and reachable?",
+        ErrorKind::InvalidConfig if state.as_deref() == Some(code::INVALID_SCHEMA_NAME) => {
+            "; no schema on the user's search_path exists to make the lock table in: create one, set the role's search_path (ALTER ROLE ... SET search_path), or create the table in advance (lockcore_postgres::schema_sql)"
+        }
         ErrorKind::InvalidConfig => "; check the database and the table (ensure_schema creates it)",
         ErrorKind::Unauthorized => "; check the user, the password and the user's grants on the database",
         _ => "",

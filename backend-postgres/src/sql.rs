@@ -235,7 +235,8 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
 /// that runs them on raw sqlx): the try, with parameters name, owner,
 /// value, idle timeout in ms and the name's row (the name itself, for a
 /// lock), answering `(taken, fence, _)`; the release, with parameters
-/// name, owner and row, answering `(released, _)`.
+/// name, owner and row, answering `(released, _)`. `table` is written as
+/// [`schema_sql`] writes it.
 ///
 /// ```
 /// let (try_lock, release) = lockcore_postgres::lock_statements("lockcore_locks");
@@ -248,7 +249,10 @@ pub fn lock_statements(table: &str) -> (String, String) {
 }
 
 /// The SQL that [`connect`](crate::connect) runs with `ensure_schema` (the
-/// default), for a DBA who creates the table in advance.
+/// default), for a DBA who creates the table in advance. `table` is one
+/// name (letters, digits and `_`, as the URL's `table=` takes it), written
+/// quoted and in lower case: `MyLocks` is the table `mylocks`, and a name
+/// with a schema (`app.locks`) is not one (set the user's search_path).
 ///
 /// ```
 /// let ddl = lockcore_postgres::schema_sql("lockcore_locks");
@@ -256,4 +260,19 @@ pub fn lock_statements(table: &str) -> (String, String) {
 /// ```
 pub fn schema_sql(table: &str) -> String {
     Sql::new(table).schema
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_name_is_quoted_in_lower_case() {
+        assert_eq!(ident("lockcore_locks"), "\"lockcore_locks\"");
+        // Unquoted, PostgreSQL folds a name to lower case: the same table.
+        assert_eq!(ident("MyLocks"), "\"mylocks\"");
+        assert_eq!(ident("user"), "\"user\"");
+        assert_eq!(ident("a\"b"), "\"a\"\"b\"");
+        assert!(schema_sql("order").contains("CREATE TABLE IF NOT EXISTS \"order\" ("));
+    }
 }

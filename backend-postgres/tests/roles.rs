@@ -2,7 +2,7 @@
 //! (server from compose/): a role's default timeouts, a user without
 //! CREATE, a user with the table's rights or its columns', a user
 //! without them, a table of the lock table's name that is not one, and a
-//! table named by a reserved word.
+//! table named by a reserved word, and a search_path with no schema.
 
 // Test code: a failed expectation is a failed case.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -175,14 +175,33 @@ async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
     }
 }
 
+/// Whether the relation `name` (as SQL writes it) is there.
+async fn exists(c: &mut sqlx::PgConnection, name: &str) -> bool {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(name)
+        .fetch_one(c)
+        .await
+        .unwrap()
+}
+
 /// A table named by a word SQL reserves (`user`, `order`) is a table of
-/// that name, not the current user or a syntax error.
+/// that name, not the current user or a syntax error; a name in capitals
+/// names the table the same name unquoted does (`MyLocks`: `mylocks`), as
+/// it did before names were quoted.
 async fn a_table_named_by_a_keyword_is_that_table(ctx: Ctx) {
     let mut c = admin(&ctx).await;
-    let other = ctx.locker().await;
-    for table in ["user", "order"] {
+    for (table, made) in [
+        ("user", "\"user\""),
+        ("order", "\"order\""),
+        ("Lockcore_Mixed", "lockcore_mixed"),
+    ] {
         let url = with(&ctx.config, &format!("table={table}"));
-        let used = async {
+        // In a task of its own: a panic in it still lets the table be
+        // dropped below.
+        let ctx2 = ctx.clone();
+        let used = tokio::spawn(async move {
+            let ctx = ctx2;
+            let other = ctx.locker().await;
             let l = lockcore_postgres::connect(&url).await?;
             let name = ctx.name("keyword");
             let g = l.try_lock(&name).await?.expect("free");
@@ -193,17 +212,41 @@ async fn a_table_named_by_a_keyword_is_that_table(ctx: Ctx) {
                 "{table}: taken twice"
             );
             g.release().await
-        }
+        })
         .await;
-        let dropped = format!("DROP TABLE IF EXISTS \"{table}\"");
+        let there = exists(&mut c, made).await;
+        let dropped = format!("DROP TABLE IF EXISTS {made}");
         sqlx::query(sqlx::AssertSqlSafe(dropped))
             .execute(&mut c)
             .await
             .unwrap();
-        if let Err(e) = used {
-            panic!("table={table}: {e}");
+        match used {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => panic!("table={table}: {e}"),
+            Err(e) => panic!("table={table}: {e}"),
         }
+        assert!(there, "table={table}: no table {made} was made");
     }
+}
+
+/// A user whose search_path names no schema that exists: connecting says
+/// so (the CREATE fails with `3F000`, "no schema has been selected"), as
+/// a configuration error that names the search_path, not an unexplained
+/// backend error. The role is reset before and after, before anything is
+/// asserted.
+async fn a_search_path_with_no_schema_is_named(ctx: Ctx) {
+    let mut c = admin(&ctx).await;
+    exec(&mut c, "ALTER ROLE CURRENT_USER RESET search_path").await;
+    exec(
+        &mut c,
+        "ALTER ROLE CURRENT_USER SET search_path = lockcore_nowhere",
+    )
+    .await;
+    let e = lockcore_postgres::connect(&ctx.config).await;
+    exec(&mut c, "ALTER ROLE CURRENT_USER RESET search_path").await;
+    let e = e.expect_err("no schema to make the table in");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("search_path"), "{e}");
 }
 
 /// Connecting looks at the table: a user who may read it but not write
@@ -224,6 +267,12 @@ async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
         (
             "GRANT INSERT, UPDATE, DELETE ON lockcore_locks TO lockcore_dml",
             "write only",
+        ),
+        (
+            "GRANT SELECT (name, fence, owner, pid, since, value), \
+             INSERT (name, fence, owner, pid, since, value), \
+             UPDATE (fence, owner, pid, since) ON lockcore_locks TO lockcore_dml",
+            "no UPDATE of value",
         ),
     ] {
         exec(&mut c, "REVOKE ALL ON lockcore_locks FROM lockcore_dml").await;
@@ -261,6 +310,26 @@ async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
     let e = e.expect_err("a table without the unique key on name");
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
     assert!(e.to_string().contains("not a lock table"), "{e}");
+    // A view over the lock table is one: the server writes through it.
+    exec(&mut c, "DROP VIEW IF EXISTS lockcore_view").await;
+    exec(
+        &mut c,
+        "CREATE VIEW lockcore_view AS SELECT * FROM lockcore_locks",
+    )
+    .await;
+    let ctx2 = ctx.clone();
+    let used = tokio::spawn(async move {
+        let l = lockcore_postgres::connect(&with(&ctx2.config, "table=lockcore_view")).await?;
+        let g = l.try_lock(&ctx2.name("view")).await?.expect("free");
+        g.release().await
+    })
+    .await;
+    exec(&mut c, "DROP VIEW lockcore_view").await;
+    match used {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("a view over the lock table: {e}"),
+        Err(e) => panic!("a view over the lock table: {e}"),
+    }
     let mut cfg = lockcore_postgres::PostgresConfig::parse(&ctx.config).unwrap();
     cfg.table = "lockcore_locks; SELECT 1".into();
     let e = lockcore_postgres::PostgresBackend::connect(cfg).await;
@@ -274,6 +343,7 @@ fn main() -> std::process::ExitCode {
         a_roles_timeouts_do_not_cut_a_wait,
         a_user_without_create_connects_to_an_existing_table,
         a_table_named_by_a_keyword_is_that_table,
+        a_search_path_with_no_schema_is_named,
         connecting_checks_the_table_and_the_users_rights,
     )])
 }
