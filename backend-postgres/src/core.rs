@@ -128,8 +128,12 @@ enum Look {
 /// without running it. So the table (or a view over one) is there, has
 /// the columns and the unique key on `name` the statements use, and the
 /// user may read, write and update them, granted on the table or on the
-/// columns, as the server will judge at the first lock. A failure to ask
-/// (no answer in time, a connection lost) is that error, not a finding.
+/// columns, as the server will judge at the first lock; and its unique
+/// key on `name` is not deferrable (planned, but refused at the first
+/// insertion). A failure to ask (no answer in time, a connection lost) is
+/// that error, not a finding. What only running a statement finds is left
+/// to the first lock: a read-only server, a `fence` too narrow for the
+/// clock-floored tokens, NOT NULL on a column a release clears.
 async fn look(shared: &Shared, conn: &mut sqlx::PgConnection) -> Result<Look> {
     let sql = &shared.sql;
     let explain = |stmt: &str| format!("EXPLAIN {stmt}");
@@ -158,10 +162,26 @@ async fn look(shared: &Shared, conn: &mut sqlx::PgConnection) -> Result<Look> {
                 .bind("%")
                 .bind(1_i64)
                 .execute(&mut *conn)
-                .await
+                .await?;
+            // The planner takes a deferrable unique key as the upsert's
+            // target; only a row's insertion is refused (55000).
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_attribute a \
+                 ON a.attrelid = c.conrelid AND a.attname = 'name' \
+                 WHERE c.conrelid = to_regclass($1) AND c.condeferrable \
+                 AND c.contype IN ('p', 'u') AND c.conkey = ARRAY[a.attnum])",
+            )
+            .bind(ident(&shared.cfg.table))
+            .fetch_one(&mut *conn)
+            .await
         };
         let e = match planned.await {
-            Ok(_) => return Ok(Look::Usable),
+            Ok(false) => return Ok(Look::Usable),
+            Ok(true) => {
+                return Ok(Look::Unlike(
+                    "its unique key on name is deferrable, which an upsert does not take".into(),
+                ))
+            }
             Err(e) => e,
         };
         let said = || {
@@ -175,7 +195,12 @@ async fn look(shared: &Shared, conn: &mut sqlx::PgConnection) -> Result<Look> {
                 code::UNDEFINED_COLUMN
                 | code::INVALID_COLUMN_REFERENCE
                 | code::DATATYPE_MISMATCH
-                | code::WRONG_OBJECT_TYPE,
+                | code::WRONG_OBJECT_TYPE
+                | code::UNDEFINED_FUNCTION
+                | code::AMBIGUOUS_FUNCTION
+                | code::GENERATED_ALWAYS
+                | code::FEATURE_NOT_SUPPORTED
+                | code::NOT_IN_PREREQUISITE_STATE,
             ) => Ok(Look::Unlike(said())),
             Some(code::INSUFFICIENT_PRIVILEGE) => Ok(Look::Forbidden(said())),
             _ => Err(e),

@@ -41,6 +41,19 @@ pub(crate) mod code {
     /// `wrong_object_type`: a relation of the name that cannot be
     /// written as a table (a view that is not updatable, a sequence).
     pub(crate) const WRONG_OBJECT_TYPE: &str = "42809";
+    /// `undefined_function`: e.g. a column of another type than a
+    /// statement computes with (`text + integer`).
+    pub(crate) const UNDEFINED_FUNCTION: &str = "42883";
+    /// `ambiguous_function`.
+    pub(crate) const AMBIGUOUS_FUNCTION: &str = "42725";
+    /// `generated_always`: a generated or identity column written.
+    pub(crate) const GENERATED_ALWAYS: &str = "428C9";
+    /// `feature_not_supported`: e.g. an upsert on a view or table it
+    /// cannot apply to.
+    pub(crate) const FEATURE_NOT_SUPPORTED: &str = "0A000";
+    /// `object_not_in_prerequisite_state`: e.g. a view that cannot be
+    /// written.
+    pub(crate) const NOT_IN_PREREQUISITE_STATE: &str = "55000";
     /// `undefined_table`.
     pub(crate) const UNDEFINED_TABLE: &str = "42P01";
     /// `undefined_object`: at connecting, a setting this server does not
@@ -134,7 +147,7 @@ pub(crate) fn map_err(e: sqlx::Error, what: &str, server: &str) -> Error {
         }
         ErrorKind::Unavailable => "; is the server up and reachable?",
         ErrorKind::InvalidConfig if state.as_deref() == Some(code::INVALID_SCHEMA_NAME) => {
-            "; no schema on the user's search_path exists to make the lock table in: create one, set the role's search_path (ALTER ROLE ... SET search_path), or create the table in advance (lockcore_postgres::schema_sql)"
+            "; the user's search_path names no schema it may make the lock table in (none there, or none it may use): create one, set the role's search_path (ALTER ROLE ... SET search_path), or create the table in advance (lockcore_postgres::schema_sql)"
         }
         ErrorKind::InvalidConfig => "; check the database and the table (ensure_schema creates it)",
         ErrorKind::Unauthorized => "; check the user, the password and the user's grants on the database",

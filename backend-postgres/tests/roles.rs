@@ -215,11 +215,14 @@ async fn a_table_named_by_a_keyword_is_that_table(ctx: Ctx) {
         })
         .await;
         let there = exists(&mut c, made).await;
-        let dropped = format!("DROP TABLE IF EXISTS {made}");
-        sqlx::query(sqlx::AssertSqlSafe(dropped))
-            .execute(&mut c)
-            .await
-            .unwrap();
+        // And the name as written, were it made so.
+        for t in [made.to_owned(), format!("\"{table}\"")] {
+            let dropped = format!("DROP TABLE IF EXISTS {t}");
+            sqlx::query(sqlx::AssertSqlSafe(dropped))
+                .execute(&mut c)
+                .await
+                .unwrap();
+        }
         match used {
             Ok(Ok(())) => {}
             Ok(Err(e)) => panic!("table={table}: {e}"),
@@ -235,16 +238,23 @@ async fn a_table_named_by_a_keyword_is_that_table(ctx: Ctx) {
 /// backend error. The role is reset before and after, before anything is
 /// asserted.
 async fn a_search_path_with_no_schema_is_named(ctx: Ctx) {
-    let mut c = admin(&ctx).await;
+    // The role sets its own default, as any role may: compose's
+    // `lockcore_dml`, which no other binary connects as.
+    let mut c = sqlx::PgConnection::connect(&dml_url(&ctx))
+        .await
+        .expect("lockcore_dml's connection");
     exec(&mut c, "ALTER ROLE CURRENT_USER RESET search_path").await;
     exec(
         &mut c,
         "ALTER ROLE CURRENT_USER SET search_path = lockcore_nowhere",
     )
     .await;
-    let e = lockcore_postgres::connect(&ctx.config).await;
+    let url = dml_url(&ctx);
+    let e = tokio::spawn(async move { lockcore_postgres::connect(&url).await.err() }).await;
     exec(&mut c, "ALTER ROLE CURRENT_USER RESET search_path").await;
-    let e = e.expect_err("no schema to make the table in");
+    let e = e
+        .expect("the connecting task")
+        .expect("no schema to make the table in");
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
     assert!(e.to_string().contains("search_path"), "{e}");
 }
@@ -310,6 +320,19 @@ async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
     let e = e.expect_err("a table without the unique key on name");
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
     assert!(e.to_string().contains("not a lock table"), "{e}");
+    // A deferrable unique key on `name`: planned, refused at a row.
+    exec(&mut c, "DROP TABLE IF EXISTS lockcore_deferred").await;
+    exec(
+        &mut c,
+        "CREATE TABLE lockcore_deferred (name text PRIMARY KEY DEFERRABLE, \
+         fence bigint NOT NULL, owner text, pid integer, since timestamptz, value text)",
+    )
+    .await;
+    let e = lockcore_postgres::connect(&with(&ctx.config, "table=lockcore_deferred")).await;
+    exec(&mut c, "DROP TABLE lockcore_deferred").await;
+    let e = e.expect_err("a deferrable key on name");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("deferrable"), "{e}");
     // A view over the lock table is one: the server writes through it.
     exec(&mut c, "DROP VIEW IF EXISTS lockcore_view").await;
     exec(
