@@ -295,44 +295,49 @@ async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
         assert!(said.contains("SELECT, INSERT and UPDATE"), "{what}: {said}");
         assert!(!said.contains("not there"), "{what}: {said}");
     }
-    exec(&mut c, "DROP TABLE IF EXISTS lockcore_unlike").await;
-    exec(
-        &mut c,
-        "CREATE TABLE lockcore_unlike (name text PRIMARY KEY)",
-    )
-    .await;
-    let e = lockcore_postgres::connect(&with(&ctx.config, "table=lockcore_unlike")).await;
-    exec(&mut c, "DROP TABLE lockcore_unlike").await;
-    let e = e.expect_err("a table that is not a lock table");
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
-    assert!(e.to_string().contains("not a lock table"), "{e}");
-    // Its columns, without the unique key on `name` that a lock's upsert
-    // needs.
-    exec(&mut c, "DROP TABLE IF EXISTS lockcore_unkeyed").await;
-    exec(
-        &mut c,
-        "CREATE TABLE lockcore_unkeyed (name text, fence bigint NOT NULL, owner text, \
-         pid integer, since timestamptz, value text)",
-    )
-    .await;
-    let e = lockcore_postgres::connect(&with(&ctx.config, "table=lockcore_unkeyed")).await;
-    exec(&mut c, "DROP TABLE lockcore_unkeyed").await;
-    let e = e.expect_err("a table without the unique key on name");
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
-    assert!(e.to_string().contains("not a lock table"), "{e}");
-    // A deferrable unique key on `name`: planned, refused at a row.
-    exec(&mut c, "DROP TABLE IF EXISTS lockcore_deferred").await;
-    exec(
-        &mut c,
-        "CREATE TABLE lockcore_deferred (name text PRIMARY KEY DEFERRABLE, \
-         fence bigint NOT NULL, owner text, pid integer, since timestamptz, value text)",
-    )
-    .await;
-    let e = lockcore_postgres::connect(&with(&ctx.config, "table=lockcore_deferred")).await;
-    exec(&mut c, "DROP TABLE lockcore_deferred").await;
-    let e = e.expect_err("a deferrable key on name");
-    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
-    assert!(e.to_string().contains("deferrable"), "{e}");
+    // Tables that are not lock tables, each with what the refusal says:
+    // one without the columns; one with them but without the unique key
+    // on `name` a lock's upsert needs; one whose key is deferrable
+    // (planned, refused at a row).
+    let columns = "fence bigint NOT NULL, owner text, pid integer, since timestamptz, value text";
+    for (table, key, says) in [
+        (
+            "lockcore_unlike",
+            "name text PRIMARY KEY",
+            "not a lock table",
+        ),
+        ("lockcore_unkeyed", "name text", "not a lock table"),
+        (
+            "lockcore_deferred",
+            "name text PRIMARY KEY DEFERRABLE",
+            "deferrable",
+        ),
+    ] {
+        let cols = if table == "lockcore_unlike" {
+            key.to_owned()
+        } else {
+            format!("{key}, {columns}")
+        };
+        for ddl in [
+            format!("DROP TABLE IF EXISTS {table}"),
+            format!("CREATE TABLE {table} ({cols})"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(ddl))
+                .execute(&mut c)
+                .await
+                .unwrap();
+        }
+        let e = lockcore_postgres::connect(&with(&ctx.config, &format!("table={table}"))).await;
+        let dropped = format!("DROP TABLE {table}");
+        sqlx::query(sqlx::AssertSqlSafe(dropped))
+            .execute(&mut c)
+            .await
+            .unwrap();
+        let e = e.err().unwrap_or_else(|| panic!("{table}: connected"));
+        assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{table}: {e}");
+        assert!(e.to_string().contains(says), "{table}: {e}");
+        assert!(e.to_string().contains("not a lock table"), "{table}: {e}");
+    }
     // A view over the lock table is one: the server writes through it.
     exec(&mut c, "DROP VIEW IF EXISTS lockcore_view").await;
     exec(
