@@ -48,6 +48,16 @@ fn dml_url(ctx: &Ctx) -> String {
     format!("postgres://lockcore_dml:lockcore@{at}")
 }
 
+/// `lockcore_dml`'s own default search_path, reset (by the role itself):
+/// a run killed inside `a_search_path_with_no_schema_is_named` left it
+/// naming no schema.
+async fn reset_dml(ctx: &Ctx) {
+    let mut c = sqlx::PgConnection::connect(&dml_url(ctx))
+        .await
+        .expect("lockcore_dml's connection");
+    exec(&mut c, "ALTER ROLE CURRENT_USER RESET search_path").await;
+}
+
 /// A role whose default `statement_timeout` and `lock_timeout` are shorter
 /// than a wait (`ALTER ROLE ... SET`, as some sites set for every
 /// application) does not cut the wait short: the backend's sessions run
@@ -144,6 +154,7 @@ async fn uses_the_table(ctx: Ctx, url: String, owner: lockcore::Locker) -> lockc
 /// inspects, lists and releases, and its locks exclude the owner's. Its
 /// rights are revoked before anything is asserted.
 async fn a_user_without_create_connects_to_an_existing_table(ctx: Ctx) {
+    reset_dml(&ctx).await;
     let owner = ctx.locker().await;
     let mut c = admin(&ctx).await;
     // A run killed midway left them.
@@ -240,10 +251,10 @@ async fn a_table_named_by_a_keyword_is_that_table(ctx: Ctx) {
 async fn a_search_path_with_no_schema_is_named(ctx: Ctx) {
     // The role sets its own default, as any role may: compose's
     // `lockcore_dml`, which no other binary connects as.
+    reset_dml(&ctx).await;
     let mut c = sqlx::PgConnection::connect(&dml_url(&ctx))
         .await
         .expect("lockcore_dml's connection");
-    exec(&mut c, "ALTER ROLE CURRENT_USER RESET search_path").await;
     exec(
         &mut c,
         "ALTER ROLE CURRENT_USER SET search_path = lockcore_nowhere",
@@ -265,6 +276,7 @@ async fn a_search_path_with_no_schema_is_named(ctx: Ctx) {
 /// table's columns is refused as not one; a table name set in code, past
 /// the URL's checks, is checked too.
 async fn connecting_checks_the_table_and_the_users_rights(ctx: Ctx) {
+    reset_dml(&ctx).await;
     // The owner's connection makes the table.
     drop(ctx.locker().await);
     let mut c = admin(&ctx).await;
