@@ -93,7 +93,9 @@ impl RedisBackend {
             }
         };
         let renewals = match &conn {
-            Conn::Single(m) if cfg.sync_replicas.is_none() => Some(Renewals::new(m.clone())),
+            Conn::Single(m) if cfg.sync_replicas.is_none() => {
+                Some(Renewals::new(m.clone(), &server))
+            }
             _ => None,
         };
         Ok(RedisBackend {

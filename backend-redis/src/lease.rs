@@ -9,7 +9,7 @@ use lockcore::raw::prelude::*;
 use crate::config::SyncReplicas;
 use crate::conn::Conn;
 use crate::error::{map_err, unconfirmed};
-use crate::renewals::{KeyToken, Renewals};
+use crate::renewals::{KeyToken, Renewals, RENEWING};
 use crate::scripts::{ttl_ms, Keys, FENCE_KEEP, RELEASE, RENEW, RENEW_WITH_VALUE};
 
 /// Compare-and-delete with `token`, and a wake-up on the release channel:
@@ -113,7 +113,7 @@ impl BackendLease for RedisLease {
             },
         };
         let (r, acked): (i64, u32) =
-            renewing.map_err(|e| map_err(e, "renew (PEXPIRE if owner)", &self.server, true))?;
+            renewing.map_err(|e| map_err(e, RENEWING, &self.server, true))?;
         if r == 1 {
             if let Some(e) = unconfirmed(
                 self.sync,
@@ -132,6 +132,18 @@ impl BackendLease for RedisLease {
         } else {
             Renewal::Lost
         })
+    }
+
+    /// A plain lease's renewal (no value key, no replica-sync guard) goes
+    /// in the server's next batch of renewals, answered from its task.
+    fn renew_then(&self, ttl: Duration, done: Renewing) -> std::result::Result<(), Renewing> {
+        match (&self.renewals, self.with_value) {
+            (Some(batched), None) => {
+                batched.renew_then(&self.renewing, ttl, done);
+                Ok(())
+            }
+            _ => Err(done),
+        }
     }
 
     /// Compare-and-delete, then a wake-up on the release channel. With the

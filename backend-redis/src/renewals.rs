@@ -18,15 +18,17 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use lockcore::raw::batch::{Batches, Waiting};
+use lockcore::raw::{validity_deadline, Renewal, Renewing};
 use redis::RedisResult;
 use tokio::sync::oneshot;
 
 use crate::config::NAME;
 use crate::conn::{evalsha_sized, Conn};
+use crate::error::map_err;
 use crate::managed::Managed;
 use crate::scripts::RENEW_MANY;
 
@@ -83,18 +85,105 @@ impl KeyToken {
 struct Renew {
     lease: Arc<KeyToken>,
     ttl_ms: u64,
-    reply: oneshot::Sender<RedisResult<i64>>,
+    reply: Reply,
+}
+
+/// Where a renewal's answer goes.
+enum Reply {
+    /// To the future of [`Renewals::renew`].
+    Wait(oneshot::Sender<RedisResult<i64>>),
+    /// To the watchdog ([`Renewals::renew_then`]), as a lease's renewal
+    /// with `ttl`, sent at `sent`.
+    Lease {
+        done: Renewing,
+        sent: Instant,
+        ttl: Duration,
+    },
+    /// To a renewal on several servers ([`Renewals::renew_part`]).
+    Part(PartOf),
+}
+
+/// A renewal on several servers at once (RedLock's, on every master),
+/// told each server's reply by the server's place in its list.
+pub(crate) trait Round: Send + Sync {
+    /// Server `at` replied; `Err` also for a renewal never sent there, or
+    /// not answered by [`until`](Round::until).
+    fn answer(&self, at: usize, reply: RedisResult<i64>);
+    /// The round no longer needs the servers' replies: renewals not yet
+    /// sent are left out.
+    fn gave_up(&self) -> bool;
+    /// Past this instant the round takes no reply: a call carrying its
+    /// renewal waits no longer (its connection is then checked).
+    fn until(&self) -> Instant;
+}
+
+/// One server's part in a [`Round`]: dropped unanswered (left out of a
+/// call, or its task ended), it answers with an error.
+pub(crate) struct PartOf {
+    round: Option<Arc<dyn Round>>,
+    at: usize,
+}
+
+impl PartOf {
+    fn answer(mut self, reply: RedisResult<i64>) {
+        if let Some(round) = self.round.take() {
+            round.answer(self.at, reply);
+        }
+    }
+}
+
+impl Drop for PartOf {
+    fn drop(&mut self) {
+        if let Some(round) = self.round.take() {
+            round.answer(
+                self.at,
+                Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the renewal was not sent",
+                ))),
+            );
+        }
+    }
 }
 
 impl Waiting for Renew {
     fn gave_up(&self) -> bool {
-        self.reply.is_closed()
+        match &self.reply {
+            Reply::Wait(tx) => tx.is_closed(),
+            Reply::Lease { done, .. } => done.is_stale(),
+            Reply::Part(part) => part.round.as_ref().is_none_or(|r| r.gave_up()),
+        }
     }
 }
+
+impl Renew {
+    /// Answers the renewal with the server's `answer` on `server`.
+    fn answer(self, answer: RedisResult<i64>, server: &str) {
+        match self.reply {
+            Reply::Wait(tx) => {
+                let _ = tx.send(answer);
+            }
+            Reply::Lease { done, sent, ttl } => done.answer(match answer {
+                Ok(1) => Ok(Renewal::Renewed {
+                    valid_until: validity_deadline(sent, ttl),
+                }),
+                // Gone (-1) and another owner's (0) are both lost here.
+                Ok(_) => Ok(Renewal::Lost),
+                Err(e) => Err(map_err(e, RENEWING, server, true)),
+            }),
+            Reply::Part(part) => part.answer(answer),
+        }
+    }
+}
+
+/// What a failed renewal was doing, in its error.
+pub(crate) const RENEWING: &str = "renew (PEXPIRE if owner)";
 
 /// The renewals of one server's connection.
 pub(crate) struct Renewals {
     conn: Arc<Managed>,
+    /// The server, as errors name it.
+    server: Arc<str>,
     batches: Batches<Renew>,
     /// The server refused keys of several slots in one call: each renewal
     /// goes in a call of its own.
@@ -110,10 +199,12 @@ impl std::fmt::Debug for Renewals {
 }
 
 impl Renewals {
-    /// The renewals of `conn`; their task starts on the first renewal.
-    pub(crate) fn new(conn: Arc<Managed>) -> Arc<Renewals> {
+    /// The renewals of `conn` to `server`; their task starts on the
+    /// first renewal.
+    pub(crate) fn new(conn: Arc<Managed>, server: &str) -> Arc<Renewals> {
         Arc::new(Renewals {
             conn,
+            server: server.into(),
             batches: Batches::new(WINDOW, PER_CALL, IN_FLIGHT),
             one_each: Arc::default(),
         })
@@ -131,17 +222,10 @@ impl Renewals {
     /// another, so any later renewal of the lease lands after it.
     pub(crate) async fn renew(&self, lease: &Arc<KeyToken>, ttl_ms: u64) -> RedisResult<i64> {
         let (reply, answer) = oneshot::channel();
-        let ask = Renew {
+        self.send(Renew {
             lease: lease.clone(),
             ttl_ms,
-            reply,
-        };
-        self.batches.send(ask, || {
-            let (conn, one_each) = (Conn::Single(self.conn.clone()), self.one_each.clone());
-            move |batch| {
-                let (conn, one_each) = (conn.clone(), one_each.clone());
-                async move { renew_batch(&conn, batch, &one_each).await }
-            }
+            reply: Reply::Wait(reply),
         });
         answer.await.unwrap_or_else(|_| {
             Err(redis::RedisError::from((
@@ -149,6 +233,54 @@ impl Renewals {
                 "the renewing task ended",
             )))
         })
+    }
+
+    /// The renewal of [`renew`](Renewals::renew) with `ttl`, answered to
+    /// `done` as a lease's renewal sent now: renewed when the key held
+    /// the token, lost when it did not. Left out of its call (and
+    /// answered with an error) when the lease's validity deadline passed
+    /// before the call was put together.
+    pub(crate) fn renew_then(&self, lease: &Arc<KeyToken>, ttl: Duration, done: Renewing) {
+        self.send(Renew {
+            lease: lease.clone(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            reply: Reply::Lease {
+                done,
+                sent: Instant::now(),
+                ttl,
+            },
+        });
+    }
+
+    /// The renewal of [`renew`](Renewals::renew), answered to `round` as
+    /// the reply of its server `at`. Sent unless the round gave up first.
+    pub(crate) fn renew_part(
+        &self,
+        lease: &Arc<KeyToken>,
+        ttl_ms: u64,
+        round: Arc<dyn Round>,
+        at: usize,
+    ) {
+        self.send(Renew {
+            lease: lease.clone(),
+            ttl_ms,
+            reply: Reply::Part(PartOf {
+                round: Some(round),
+                at,
+            }),
+        });
+    }
+
+    /// Queues `ask` for the next call, starting the task if none runs.
+    fn send(&self, ask: Renew) {
+        self.batches.send(ask, || {
+            let conn = Conn::Single(self.conn.clone());
+            let (one_each, server) = (self.one_each.clone(), self.server.clone());
+            move |batch| {
+                let (conn, one_each, server) = (conn.clone(), one_each.clone(), server.clone());
+                async move { renew_batch(&conn, batch, &one_each, &server).await }
+            }
+        });
     }
 }
 
@@ -160,11 +292,11 @@ impl Renewals {
 /// renewal is asked after its last one was answered, or dropped, and a
 /// dropped one is left out until its batch is put together), so their calls
 /// of one key each may go at once; the next batch waits for them all.
-async fn renew_batch(conn: &Conn, batch: Vec<Renew>, one_each: &AtomicBool) {
+async fn renew_batch(conn: &Conn, batch: Vec<Renew>, one_each: &AtomicBool, server: &str) {
     let batch = if one_each.load(Ordering::Relaxed) {
         batch
     } else {
-        match renew_call(conn, batch).await {
+        match renew_call(conn, batch, server).await {
             None => return,
             Some(refused) => {
                 one_each.store(true, Ordering::Relaxed);
@@ -178,12 +310,12 @@ async fn renew_batch(conn: &Conn, batch: Vec<Renew>, one_each: &AtomicBool) {
             }
         }
     };
-    join_all(batch.into_iter().map(|r| renew_call(conn, vec![r]))).await;
+    join_all(batch.into_iter().map(|r| renew_call(conn, vec![r], server))).await;
 }
 
 /// One [`RENEW_MANY`] call for `batch`; answers each renewal, or gives the
 /// batch back when the server refused its keys of several slots.
-async fn renew_call(conn: &Conn, batch: Vec<Renew>) -> Option<Vec<Renew>> {
+async fn renew_call(conn: &Conn, batch: Vec<Renew>, server: &str) -> Option<Vec<Renew>> {
     // Each key, its token and its ttl (at most 20 digits).
     let bytes = batch
         .iter()
@@ -196,11 +328,36 @@ async fn renew_call(conn: &Conn, batch: Vec<Renew>) -> Option<Vec<Renew>> {
     for r in &batch {
         call.arg(r.lease.token.as_str()).arg(r.ttl_ms);
     }
-    let result: RedisResult<Vec<i64>> = conn.eval(&RENEW_MANY, &call).await;
+    // A call for rounds (RedLock's) waits no longer than the earliest of
+    // them takes replies: a silent server is one reply of none there.
+    let until = batch
+        .iter()
+        .filter_map(|r| match &r.reply {
+            Reply::Part(part) => part.round.as_ref().map(|round| round.until()),
+            _ => None,
+        })
+        .min();
+    let calling = conn.eval::<Vec<i64>>(&RENEW_MANY, &call);
+    let result: RedisResult<Vec<i64>> = match until {
+        None => calling.await,
+        Some(until) => match tokio::time::timeout_at(until.into(), calling).await {
+            Ok(result) => result,
+            Err(_) => {
+                // Slow or silent: have the connection checked.
+                if let Conn::Single(m) = conn {
+                    m.suspect_current();
+                }
+                Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no reply within the per-server limit",
+                )))
+            }
+        },
+    };
     match result {
         Ok(answers) if answers.len() == batch.len() => {
             for (r, n) in batch.into_iter().zip(answers) {
-                let _ = r.reply.send(Ok(n));
+                r.answer(Ok(n), server);
             }
         }
         Ok(answers) => {
@@ -210,7 +367,7 @@ async fn renew_call(conn: &Conn, batch: Vec<Renew>) -> Option<Vec<Renew>> {
                 format!("{} answers to {} renewals", answers.len(), batch.len()),
             ));
             for r in batch {
-                let _ = r.reply.send(Err(e.clone()));
+                r.answer(Err(e.clone()), server);
             }
         }
         Err(e)
@@ -221,9 +378,46 @@ async fn renew_call(conn: &Conn, batch: Vec<Renew>) -> Option<Vec<Renew>> {
         }
         Err(e) => {
             for r in batch {
-                let _ = r.reply.send(Err(e.clone()));
+                r.answer(Err(e.clone()), server);
             }
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A round that records the replies it is told.
+    #[derive(Default)]
+    struct Told(Mutex<Vec<(usize, bool)>>);
+
+    impl Round for Told {
+        fn answer(&self, at: usize, reply: RedisResult<i64>) {
+            self.0.lock().unwrap().push((at, reply.is_ok()));
+        }
+        fn gave_up(&self) -> bool {
+            false
+        }
+        fn until(&self) -> Instant {
+            Instant::now()
+        }
+    }
+
+    /// A part answered is told once; a part dropped unanswered (left out
+    /// of a call, or its task ended) is told of an error, once.
+    #[test]
+    fn a_part_is_told_once_answered_or_dropped() {
+        let told = Arc::new(Told::default());
+        let part = |at| PartOf {
+            round: Some(told.clone() as Arc<dyn Round>),
+            at,
+        };
+        part(0).answer(Ok(1));
+        drop(part(1));
+        assert_eq!(*told.0.lock().unwrap(), vec![(0, true), (1, false)]);
+    }
 }

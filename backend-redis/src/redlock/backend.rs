@@ -90,6 +90,7 @@ impl Backend for RedLockBackend {
                         quorum: self.quorum(),
                         limit,
                         acquiring: straggling,
+                        retakes: Arc::default(),
                     }),
                     fence: None,
                     valid_until,

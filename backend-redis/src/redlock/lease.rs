@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use lockcore::raw::prelude::*;
 
 use super::quorum::*;
+use super::round::QuorumRound;
 use crate::config::NAME;
 use crate::managed::Managed;
 use crate::renewals::KeyToken;
@@ -24,6 +25,11 @@ pub(super) struct RedLockLease {
     /// The acquire's calls still out when it returned: the release is sent
     /// on each of their instances once the call there finished.
     pub(super) acquiring: Straggling,
+    /// True once the release began. A renewal answered from the masters'
+    /// batches sets a lost key again after its answer, under the read
+    /// lock and only while this is false, so that no `SET NX` lands after
+    /// the release.
+    pub(super) retakes: Arc<tokio::sync::RwLock<bool>>,
 }
 
 #[async_trait]
@@ -42,6 +48,9 @@ impl BackendLease for RedLockLease {
     /// instances until its ttl: never a majority, so never a second holder,
     /// but a name that others wait for a little longer.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        // After the `SET NX` of a round answered earlier, if one is out:
+        // it carries that round's ttl, which this renewal may change.
+        drop(self.retakes.write().await);
         let sent = Instant::now();
         let replies = renew_all(
             &self.instances,
@@ -97,6 +106,36 @@ impl BackendLease for RedLockLease {
         ))
     }
 
+    /// The renewal of [`renew`](Self::renew), in each master's next batch,
+    /// counted as the replies come: decided once a majority renewed
+    /// (without waiting for the others) or refused, or once all replied
+    /// (see `round.rs`).
+    fn renew_then(&self, ttl: Duration, done: Renewing) -> std::result::Result<(), Renewing> {
+        let round = QuorumRound::new(
+            done,
+            ttl,
+            self.quorum,
+            self.limit,
+            self.instances.clone(),
+            self.renewing.clone(),
+            self.retakes.clone(),
+        );
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        for (at, instance) in self.instances.iter().enumerate() {
+            instance
+                .renewals
+                .renew_part(&self.renewing, ttl_ms, round.clone(), at);
+        }
+        Ok(())
+    }
+
+    /// No key is set again on a master after this (see `retakes`).
+    fn abandon(&self) {
+        if let Ok(mut released) = self.retakes.try_write() {
+            *released = true;
+        }
+    }
+
     /// Compare-and-delete on every instance, returning once a majority
     /// released it or all answered (the rest finish in the background):
     /// `NotHeld` when too many answered that it was not this owner's for a
@@ -111,6 +150,7 @@ impl BackendLease for RedLockLease {
     /// may still apply); a key it left ends by its ttl, as if the holder had
     /// died.
     async fn release(&self) -> Result<Released> {
+        *self.retakes.write().await = true;
         // Sent on each instance after the acquire's call there, if that
         // was still out.
         let acquiring = self.acquiring.clone();

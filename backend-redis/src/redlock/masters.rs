@@ -151,7 +151,7 @@ impl RedLockBackend {
             let client = crate::client::client(node, &cfg)?;
             let conn = Managed::lazy(node, &cfg)?;
             instances.push(Instance {
-                renewals: Renewals::new(conn.clone()),
+                renewals: Renewals::new(conn.clone(), &node.to_string()),
                 conn,
                 wake: Wakeups::new(move || client.clone(), cfg.response_timeout),
             });

@@ -48,5 +48,6 @@ mod backend;
 mod lease;
 mod masters;
 mod quorum;
+mod round;
 
 pub use masters::RedLockBackend;

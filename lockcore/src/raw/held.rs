@@ -41,8 +41,12 @@ pub(crate) struct Held {
     /// A strong reference: the lease keeps its renewals going however long
     /// it outlives the `Locker` it came from.
     watchdog: Arc<Watchdog>,
-    /// One renewal at a time, so results apply in the order sent.
-    renewing: tokio::sync::Mutex<()>,
+    /// The renewal turn (one permit): one renewal at a time, so results
+    /// apply in the order sent. A renewal the backend's task answers
+    /// (`renew_then`) holds it until its answer.
+    renewing: tokio::sync::Semaphore,
+    /// The backend has not refused `renew_then` for this lease.
+    then: AtomicBool,
     failures: AtomicU32,
     ttl: Mutex<Duration>,
     /// The lock-delay: the server keeps the lease this long beyond the
@@ -107,7 +111,8 @@ impl Held {
             holds: AtomicUsize::new(1),
             timer: Timer::default(),
             watchdog,
-            renewing: tokio::sync::Mutex::new(()),
+            renewing: tokio::sync::Semaphore::new(1),
+            then: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             ttl: Mutex::new(ttl),
             delay,
@@ -307,7 +312,7 @@ impl Held {
         let was_lost = !self.is_held();
         self.released.store(true, Ordering::Release);
         self.ended();
-        let _turn = self.renewing.lock().await;
+        let _turn = self.turn().await;
         let sent = crate::raw::now();
         let released = self.lease.release().await;
         observe::server_call(self.labels(), "release", sent.elapsed());
@@ -329,7 +334,11 @@ impl Held {
     /// their results apply in the order they were sent: a slow earlier
     /// reply never overwrites a later one.
     pub(crate) async fn renew_now(self: &Arc<Self>, ttl: Option<Duration>) -> Result<Instant> {
-        let _turn = self.renewing.lock().await;
+        let Some(_turn) = self.turn().await else {
+            // A renewal still unanswered at the deadline: lost by now.
+            let _ = self.is_held();
+            return Err(self.lost_error("cannot renew"));
+        };
         // The send time, read once. Read before a shorter ttl's
         // `may_shorten_to` below, it only makes the validity counted from
         // it shorter.

@@ -112,6 +112,33 @@ pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Starts a renewal with `ttl` whose answer goes to `done` rather than
+    /// to a future: for a backend that sends many leases' renewals
+    /// together, whose task answers each from its part of the reply (with
+    /// no future, timer or wake-up of the watchdog for each lease).
+    /// `Err(done)` hands the renewal back unstarted when the backend
+    /// cannot (the default): the watchdog then renews this lease by
+    /// [`renew`](Self::renew) from then on.
+    ///
+    /// The answer is what [`renew`](Self::renew) would return, counted
+    /// from when the renewal was sent; it may be given at once, inside
+    /// this call, or later from any thread. Dropping `done` answers that
+    /// the renewal failed. A renewal not yet sent when
+    /// [`Renewing::is_stale`] turns true should not be sent: the lease is
+    /// lost by then. The lease's next renewal, its `extend` and its
+    /// release wait for the answer until the lease's validity deadline,
+    /// where the watchdog raises the lost signal if none came (off a tokio
+    /// runtime, with no timer, they wait for the answer or the drop of
+    /// `done`); an answer that comes later counts as none.
+    ///
+    /// # Errors
+    ///
+    /// `Err(done)`: the backend cannot answer this way; nothing was sent.
+    fn renew_then(&self, ttl: Duration, done: Renewing) -> std::result::Result<(), Renewing> {
+        let _ = ttl;
+        Err(done)
+    }
+
     /// Releases the lease, only if this owner still holds it.
     ///
     /// # Cancel safety
@@ -125,4 +152,93 @@ pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
     /// connection is dropped without a goodbye). Used by
     /// [`LockGuard::abandon`](crate::guard::LockGuard::abandon).
     fn abandon(&self) {}
+}
+
+/// A renewal started by [`BackendLease::renew_then`]: answer it once with
+/// [`answer`](Renewing::answer). Dropped unanswered (a backend's task that
+/// ended), it answers that the renewal failed, with
+/// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable): the watchdog
+/// retries while the lease is valid.
+pub struct Renewing {
+    /// The lease's validity deadline when the renewal was asked.
+    until: Instant,
+    answer: Option<Answer>,
+}
+
+/// Where a [`Renewing`]'s answer goes: `None` when it was dropped
+/// unanswered.
+type Answer = Box<dyn FnOnce(Option<Result<Renewal>>) + Send>;
+
+impl fmt::Debug for Renewing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Renewing")
+            .field("answered", &self.answer.is_none())
+            .finish()
+    }
+}
+
+impl Renewing {
+    /// A renewal of a lease valid until `until`, answered by `answer`:
+    /// `Some` with the backend's answer, `None` when it was dropped
+    /// unanswered. The watchdog makes these; a backend's own tests may
+    /// too.
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use std::time::{Duration, Instant};
+    /// use lockcore::raw::{Renewal, Renewing};
+    ///
+    /// let (tx, rx) = mpsc::channel();
+    /// let until = Instant::now() + Duration::from_secs(3);
+    /// let done = Renewing::new(until, move |answer| {
+    ///     let _ = tx.send(answer.map(|a| a.is_ok()));
+    /// });
+    /// assert!(!done.is_stale());
+    /// done.answer(Ok(Renewal::Lost));
+    /// assert_eq!(rx.recv().unwrap(), Some(true));
+    /// drop(Renewing::new(until, |answer| assert!(answer.is_none())));
+    /// ```
+    pub fn new(
+        until: Instant,
+        answer: impl FnOnce(Option<Result<Renewal>>) + Send + 'static,
+    ) -> Self {
+        Renewing {
+            until,
+            answer: Some(Box::new(answer)),
+        }
+    }
+
+    /// The lease's validity deadline when the renewal was asked.
+    pub fn valid_until(&self) -> Instant {
+        self.until
+    }
+
+    /// Whether the lease's validity deadline (as it was when the renewal
+    /// was asked) has passed: the lease is lost by then, and a renewal not
+    /// yet sent is better left out (dropped, or answered with an error).
+    pub fn is_stale(&self) -> bool {
+        crate::raw::now() >= self.until
+    }
+
+    /// Answers the renewal with what [`BackendLease::renew`] would have
+    /// returned.
+    pub fn answer(mut self, outcome: Result<Renewal>) {
+        if let Some(answer) = self.answer.take() {
+            answer(Some(outcome));
+        }
+    }
+
+    /// Takes the renewal back unstarted: nothing is answered (the answer
+    /// is dropped uncalled).
+    pub(crate) fn unsent(mut self) {
+        self.answer = None;
+    }
+}
+
+impl Drop for Renewing {
+    fn drop(&mut self) {
+        if let Some(answer) = self.answer.take() {
+            answer(None);
+        }
+    }
 }

@@ -30,7 +30,7 @@ pub(crate) mod watchdog;
 
 pub use async_trait::async_trait;
 pub use backend::Backend;
-pub use lease::{AllOrNone, BackendLease, Grant, Released, Renewal};
+pub use lease::{AllOrNone, BackendLease, Grant, Released, Renewal, Renewing};
 pub use request::{AcquireRequest, Deadline, Mode, OwnerToken};
 pub(crate) use time::drift_allowance;
 pub use time::{now, validity_deadline, whole_seconds, within};
@@ -45,7 +45,7 @@ pub mod prelude {
 
     pub use super::{
         now, validity_deadline, waiting, whole_seconds, within, AcquireRequest, AllOrNone, Backend,
-        BackendLease, Deadline, Grant, Mode, OwnerToken, Released, Renewal,
+        BackendLease, Deadline, Grant, Mode, OwnerToken, Released, Renewal, Renewing,
     };
     pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind, LockDelay};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};

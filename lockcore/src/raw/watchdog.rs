@@ -11,8 +11,9 @@
 //! ends its own lease's watch only: it is caught, and the lease is told
 //! ([`Watched::check_panicked`]: a held lease raises its lost signal).
 //! A check the item can do at once ([`Watched::check_now`]: a renewal its
-//! backend answers from a keepalive and a read that serve many leases)
-//! makes no future at all.
+//! backend answers from a keepalive and a read that serve many leases, or
+//! one the backend's own task answers, many to a server call) makes no
+//! future at all.
 //!
 //! The checks are polled outside tokio's cooperative budget (they are many
 //! tasks' worth of work in one task, which would otherwise share one
@@ -70,10 +71,11 @@ pub(crate) trait Watched: Send + Sync + 'static {
     /// other check: it must not loop on ready resources without yielding.
     fn check(self: Arc<Self>) -> CheckFuture;
     /// The check done at once, when it needs no waiting: `Some` with what
-    /// [`check`](Watched::check)'s future would return, `None` when that
+    /// [`check`](Watched::check)'s future would return (`Some(None)` also
+    /// when the item put itself back in the queue), `None` when that
     /// future must run. Called with the queue unlocked, in the watchdog's
     /// task. The default never answers.
-    fn check_now(&self) -> Option<Option<Instant>> {
+    fn check_now(self: Arc<Self>) -> Option<Option<Instant>> {
         None
     }
     /// Its check panicked: it is no longer watched.
@@ -281,7 +283,7 @@ fn start_check(
 ) {
     // A panic in one check, or in making it, ends that item's watch, not
     // the others'.
-    let started = std::panic::catch_unwind(AssertUnwindSafe(|| match item.check_now() {
+    let started = std::panic::catch_unwind(AssertUnwindSafe(|| match item.clone().check_now() {
         Some(next) => Ok(next),
         None => Err(item.clone().check()),
     }));

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{renew_interval, Held, TIMER_SLACK};
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind};
 use crate::raw::retry::Backoff;
 use crate::raw::watchdog::{CheckFuture, Timer, Watched};
+use crate::raw::{Renewal, Renewing};
 
 impl Held {
     /// The watchdog's check: renew (or look again at the validity deadline
@@ -24,9 +25,41 @@ impl Held {
             // Not due yet (the deadline was moved by extend): look again then.
             return Some(self.valid_until() + TIMER_SLACK);
         }
-        // Not held (released, lost, past its validity deadline): a `Lost`
-        // error, and the watch ends.
-        match self.renew_now(None).await {
+        // Not held (released, lost, past its validity deadline): the watch
+        // ends. A renewal the backend's task answers may still be out
+        // then: past the deadline, where the watchdog looks meanwhile,
+        // the lease is lost rather than renewed again.
+        if !self.is_held() {
+            return None;
+        }
+        let renewed = self.renew_now(None).await;
+        self.after_renewal(renewed)
+    }
+
+    /// The renewal turn, waited for until the validity deadline: a
+    /// renewal that holds it longer (one the backend's task left
+    /// unanswered) is lost by then, and a release goes ahead without it.
+    /// Off a tokio runtime (no timer) it waits for the turn only.
+    pub(super) async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.renewing.acquire().await.ok();
+        }
+        loop {
+            let until = self.valid_until() + TIMER_SLACK;
+            match tokio::time::timeout_at(until.into(), self.renewing.acquire()).await {
+                Ok(turn) => return turn.ok(),
+                // Renewed just now, its turn about to come back.
+                Err(_) if crate::raw::now() < self.valid_until() => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// When to check next after a renewal that returned `renewed`: a
+    /// renewal interval after it was sent; a retry with jittered backoff
+    /// while the lease is valid when it failed; never once it is lost.
+    fn after_renewal(&self, renewed: crate::error::Result<Instant>) -> Option<Instant> {
+        match renewed {
             Ok(sent) => Some(self.renewed_at(sent)),
             Err(e) if e.kind() == ErrorKind::Lost => None,
             Err(e) => {
@@ -56,31 +89,96 @@ impl Held {
         (sent + renew_interval(self.ttl())).min(self.valid_until())
     }
 
-    /// The watchdog's check done at once, when the backend answers the
-    /// renewal from what it already knows
-    /// ([`BackendLease::renew_known`](crate::raw::BackendLease::renew_known)):
-    /// the same outcome as [`watchdog_check`](Held::watchdog_check), with
-    /// no future, timer or request of its own. `None` when the check must
-    /// run as a future: renewal is off, another renewal runs, the lease is
-    /// not held, or the backend must ask its server.
-    fn known_check(&self) -> Option<Option<Instant>> {
+    /// The watchdog's check done at once, with no future of its own:
+    /// when the backend answers the renewal from what it already knows
+    /// ([`BackendLease::renew_known`](crate::raw::BackendLease::renew_known)),
+    /// with the same outcome as [`watchdog_check`](Held::watchdog_check);
+    /// or when it takes the renewal to answer from its own task
+    /// ([`BackendLease::renew_then`](crate::raw::BackendLease::renew_then)),
+    /// `Some(None)`: the lease is then watched at its validity deadline
+    /// until the answer moves it to its next check. `None` when the check
+    /// must run as a future: renewal is off, another renewal runs, the
+    /// lease is not held, or the backend renews only by `renew`.
+    fn known_check(self: Arc<Self>) -> Option<Option<Instant>> {
         if !self.renew {
             return None;
         }
-        let _turn = self.renewing.try_lock().ok()?;
+        let turn = self.renewing.try_acquire().ok()?;
         let sent = crate::raw::now();
         let held = !self.released.load(Ordering::Acquire) && !self.lost.is_cancelled();
         if !held || sent >= self.valid_until() {
             return None;
         }
-        let renewal = self.lease.renew_known(self.ttl() + self.delay)?;
-        let outcome: std::result::Result<_, std::convert::Infallible> = Ok(Ok(renewal));
-        // Refused: `settle` raised the lost signal, and the watch ends.
-        Some(
-            self.settle(sent, None, outcome)
-                .ok()
-                .map(|at| self.renewed_at(at)),
-        )
+        let ttl = self.ttl() + self.delay;
+        if let Some(renewal) = self.lease.renew_known(ttl) {
+            let outcome: std::result::Result<_, std::convert::Infallible> = Ok(Ok(renewal));
+            // Refused: `settle` raised the lost signal, and the watch ends.
+            return Some(
+                self.settle(sent, None, outcome)
+                    .ok()
+                    .map(|at| self.renewed_at(at)),
+            );
+        }
+        if !self.then.load(Ordering::Relaxed) {
+            return None;
+        }
+        // In the queue at the deadline before the renewal goes out, so
+        // that its answer (which moves the lease on) cannot come first.
+        let until = self.valid_until();
+        self.schedule(self.not_after(), false);
+        // The turn is lent to the renewal until its answer is applied.
+        turn.forget();
+        let lent = LentTurn(self.clone());
+        let done = Renewing::new(until, move |answer| lent.answered(sent, answer));
+        match self.lease.renew_then(ttl, done) {
+            Ok(()) => Some(None),
+            Err(done) => {
+                // Not for this lease: its renewals go by `renew` from now.
+                // (The turn comes back as the answer is dropped.)
+                done.unsent();
+                self.then.store(false, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+/// The renewal turn, lent to a renewal the backend's task answers
+/// ([`renew_then`](crate::raw::BackendLease::renew_then)): given back when
+/// dropped, once its answer was applied, with a renewal never sent, or in
+/// a panic.
+struct LentTurn(Arc<Held>);
+
+impl Drop for LentTurn {
+    fn drop(&mut self) {
+        self.0.renewing.add_permits(1);
+    }
+}
+
+impl LentTurn {
+    /// The answer to the renewal sent at `sent`: applied as
+    /// [`renew_now`](Held::renew_now) applies one (an answer after the
+    /// validity deadline as none by then), the lease put in the queue for
+    /// its next check, and then the turn given back (so that an `extend`
+    /// waiting for it schedules last).
+    fn answered(self, sent: Instant, answer: Option<crate::error::Result<Renewal>>) {
+        let held = &self.0;
+        let answer = answer.unwrap_or_else(|| {
+            Err(Error::unavailable(
+                held.backend,
+                "the renewal was dropped unanswered (the backend's task ended)",
+            ))
+        });
+        let outcome = if crate::raw::now() >= held.valid_until() {
+            Err(())
+        } else {
+            Ok(answer)
+        };
+        let settled = held.settle(sent, None, outcome);
+        match held.after_renewal(settled) {
+            Some(at) if !held.released.load(Ordering::Acquire) => held.schedule(at, false),
+            _ => held.stop_watchdog(),
+        }
     }
 }
 
@@ -97,7 +195,7 @@ impl Watched for Held {
         Box::pin(self.watchdog_check())
     }
 
-    fn check_now(&self) -> Option<Option<Instant>> {
+    fn check_now(self: Arc<Self>) -> Option<Option<Instant>> {
         self.known_check()
     }
 

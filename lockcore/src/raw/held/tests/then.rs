@@ -1,0 +1,138 @@
+//! Renewals answered by the backend's own task (`renew_then`): the lease
+//! kept on the server, an answer dropped or never given, a late answer,
+//! and a release behind a renewal still out.
+
+use super::*;
+
+fn then(then: Then, before: Duration) -> Arc<Faults> {
+    Arc::new(Faults {
+        then: Some(then),
+        before,
+        ..Faults::default()
+    })
+}
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(TTL).wait(Wait::Try)
+}
+
+/// Renewals answered from the backend's task keep the lease on the
+/// server; once released, the name is free.
+#[tokio::test(start_paused = true)]
+async fn renewals_answered_by_the_backends_task_keep_the_lease() {
+    let server = MemoryBackend::new();
+    let faults = then(Then::Answer, Duration::ZERO);
+    let g = faulty(&server, &faults)
+        .acquire("x", &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(TTL * 4).await;
+    let taken = faults.then_asked.load(SeqCst);
+    assert!(taken >= 10, "{taken} renewals went by renew_then in 12 s");
+    let other = Locker::new(server.clone());
+    assert!(
+        other.acquire("x", &opts()).await.unwrap().is_none(),
+        "the server let the name go"
+    );
+    g.release().await.unwrap();
+    assert!(other.acquire("x", &opts()).await.unwrap().is_some());
+}
+
+/// A renewal dropped unanswered (the backend's task ended) is a failed
+/// renewal: retried while the lease is valid, and the lease is kept.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_dropped_unanswered_is_retried() {
+    let server = MemoryBackend::new();
+    let faults = then(Then::DropFirst, Duration::ZERO);
+    let g = faulty(&server, &faults)
+        .acquire("x", &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(TTL * 3).await;
+    assert!(faults.then_asked.load(SeqCst) >= 2);
+    let other = Locker::new(server.clone());
+    assert!(
+        other.acquire("x", &opts()).await.unwrap().is_none(),
+        "the server let the name go"
+    );
+    assert!(g.lost_reason().is_none(), "{:?}", g.lost_reason());
+    g.release().await.unwrap();
+}
+
+/// A renewal the backend never answers: the lost signal (the token
+/// itself, not the guard's `lost`, which watches the deadline on its own)
+/// is raised at the validity deadline, and a release does not wait for
+/// the answer past it.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_never_answered_is_lost_at_the_deadline() {
+    let server = MemoryBackend::new();
+    let faults = then(Then::Never, Duration::ZERO);
+    let started = tokio::time::Instant::now();
+    let g = faulty(&server, &faults)
+        .acquire("x", &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    let token = g.lost_token();
+    tokio::time::timeout(TTL * 2, token.cancelled())
+        .await
+        .expect("the lost signal was raised");
+    let at = started.elapsed();
+    assert!(
+        at >= TTL * 9 / 10 && at <= TTL + Duration::from_millis(50),
+        "lost after {at:?}"
+    );
+    assert_eq!(faults.then_asked.load(SeqCst), 1);
+    let released = tokio::time::timeout(Duration::from_secs(1), g.release())
+        .await
+        .expect("the release waited for a renewal never answered");
+    assert!(released.is_err(), "a lost lease released cleanly");
+}
+
+/// An answer that comes after the validity deadline does not bring the
+/// lease back: it was lost at the deadline (the watchdog looks there
+/// while the answer is out) and stays lost, its validity not extended by
+/// the late reply.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_after_the_deadline_is_none() {
+    let server = MemoryBackend::new();
+    // The first renewal is sent at 1 s and answered at 3.5 s.
+    let faults = then(Then::Answer, Duration::from_millis(2500));
+    let g = faulty(&server, &faults)
+        .acquire("x", &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(TTL * 2, g.lost_token().cancelled())
+        .await
+        .expect("the lost signal was raised");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!g.is_held());
+    let reason = g.lost_reason().unwrap_or_default();
+    assert!(reason.contains("validity deadline"), "lost: {reason}");
+}
+
+/// A release waits for the renewal the backend's task has not answered
+/// yet: a renewal that lands after the release could take the lease back
+/// on the server.
+#[tokio::test(start_paused = true)]
+async fn a_release_waits_for_the_renewal_the_backend_answers() {
+    let faults = then(Then::Answer, Duration::from_millis(500));
+    let g = faulty(&MemoryBackend::new(), &faults)
+        .acquire("x", &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    // Renewed at 1 s, in flight until 1.5 s.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(faults.renewing.load(SeqCst));
+    g.release().await.unwrap();
+    assert!(
+        !faults.overlapped.load(SeqCst),
+        "the release ran while a renewal was in flight"
+    );
+}
