@@ -112,8 +112,9 @@ pub(crate) trait Round: Send + Sync {
     /// The round no longer needs the servers' replies: renewals not yet
     /// sent are left out.
     fn gave_up(&self) -> bool;
-    /// Past this instant the round takes no reply: a call carrying its
-    /// renewal waits no longer (its connection is then checked).
+    /// Past this instant the round takes no reply: its part in a call
+    /// still out is answered then as none (and the connection checked),
+    /// while the call goes on for the rest.
     fn until(&self) -> Instant;
 }
 
@@ -126,8 +127,44 @@ pub(crate) struct PartOf {
 
 impl PartOf {
     fn answer(mut self, reply: RedisResult<i64>) {
+        self.answer_now(reply);
+    }
+
+    /// Answers the round, if not yet; later answers are dropped.
+    fn answer_now(&mut self, reply: RedisResult<i64>) {
         if let Some(round) = self.round.take() {
             round.answer(self.at, reply);
+        }
+    }
+}
+
+/// The earliest limit of the rounds whose parts in `batch` are still
+/// unanswered.
+fn next_limit(batch: &[Renew]) -> Option<Instant> {
+    batch
+        .iter()
+        .filter_map(|r| match &r.reply {
+            Reply::Part(part) => part.round.as_ref().map(|round| round.until()),
+            _ => None,
+        })
+        .min()
+}
+
+/// Answers the parts in `batch` whose round's limit passed by `now` as
+/// no reply; the rest wait for the call.
+fn expire_parts(batch: &mut [Renew], now: Instant) {
+    for r in batch {
+        if let Reply::Part(part) = &mut r.reply {
+            if part
+                .round
+                .as_ref()
+                .is_some_and(|round| round.until() <= now)
+            {
+                part.answer_now(Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no reply within the per-server limit",
+                ))));
+            }
         }
     }
 }
@@ -328,31 +365,28 @@ async fn renew_call(conn: &Conn, batch: Vec<Renew>, server: &str) -> Option<Vec<
     for r in &batch {
         call.arg(r.lease.token.as_str()).arg(r.ttl_ms);
     }
-    // A call for rounds (RedLock's) waits no longer than the earliest of
-    // them takes replies: a silent server is one reply of none there.
-    let until = batch
-        .iter()
-        .filter_map(|r| match &r.reply {
-            Reply::Part(part) => part.round.as_ref().map(|round| round.until()),
-            _ => None,
-        })
-        .min();
     let calling = conn.eval::<Vec<i64>>(&RENEW_MANY, &call);
-    let result: RedisResult<Vec<i64>> = match until {
-        None => calling.await,
-        Some(until) => match tokio::time::timeout_at(until.into(), calling).await {
-            Ok(result) => result,
-            Err(_) => {
-                // Slow or silent: have the connection checked.
-                if let Conn::Single(m) = conn {
-                    m.suspect_current();
+    tokio::pin!(calling);
+    let mut batch = batch;
+    let mut suspected = false;
+    // A round (RedLock's) takes no reply past its limit: its part is
+    // answered there as none (and the connection checked), while the
+    // call goes on for the rest and holds its place in the order.
+    let result: RedisResult<Vec<i64>> = loop {
+        let Some(until) = next_limit(&batch) else {
+            break calling.await;
+        };
+        tokio::select! {
+            result = &mut calling => break result,
+            () = tokio::time::sleep_until(until.into()) => {
+                expire_parts(&mut batch, Instant::now());
+                if !std::mem::replace(&mut suspected, true) {
+                    if let Conn::Single(m) = conn {
+                        m.suspect_current();
+                    }
                 }
-                Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no reply within the per-server limit",
-                )))
             }
-        },
+        }
     };
     match result {
         Ok(answers) if answers.len() == batch.len() => {
@@ -391,9 +425,15 @@ mod tests {
 
     use super::*;
 
-    /// A round that records the replies it is told.
-    #[derive(Default)]
-    struct Told(Mutex<Vec<(usize, bool)>>);
+    /// A round that records the replies it is told, taking them until
+    /// its instant.
+    struct Told(Mutex<Vec<(usize, bool)>>, Instant);
+
+    impl Default for Told {
+        fn default() -> Self {
+            Told(Mutex::default(), Instant::now())
+        }
+    }
 
     impl Round for Told {
         fn answer(&self, at: usize, reply: RedisResult<i64>) {
@@ -403,8 +443,81 @@ mod tests {
             false
         }
         fn until(&self) -> Instant {
-            Instant::now()
+            self.1
         }
+    }
+
+    /// The compose server's URL; `None` (the test skipped) when it is not
+    /// set and not required.
+    fn server() -> Option<String> {
+        let url = std::env::var("LOCKTEST_REDIS_URL").ok();
+        let required = std::env::var("LOCKTEST_REQUIRE").unwrap_or_default();
+        if url.is_none() && (required.contains("all") || required.contains("redis")) {
+            panic!("LOCKTEST_REDIS_URL is required");
+        }
+        url
+    }
+
+    /// A round's part whose limit passes while its call is out is told
+    /// no reply there; the renewals beside it in the call (another
+    /// lease's, waited for) still get the server's answer, not an error
+    /// at that round's limit.
+    #[tokio::test]
+    async fn a_rounds_limit_cuts_short_only_its_own_part() {
+        let Some(url) = server() else { return };
+        let cfg = crate::config::RedisConfig::parse(&url).unwrap();
+        let crate::config::Topology::Single(node) = &cfg.topology else {
+            panic!("{url} is not one instance");
+        };
+        let renewals = Renewals::new(Managed::lazy(node, &cfg).unwrap(), "server");
+        // Its limit has passed already: the call carrying it is still out.
+        let past = Arc::new(Told::default());
+        renewals.renew_part(&KeyToken::new("k", "t"), 3000, past.clone(), 0);
+        let waited = renewals.renew(&KeyToken::new("k2", "t"), 3000).await;
+        assert_eq!(waited.ok(), Some(-1), "the waited renewal got no answer");
+        assert_eq!(*past.0.lock().unwrap(), vec![(0, false)]);
+    }
+
+    /// A call still out answers the parts of rounds past their limit as
+    /// none, and leaves the others (a later round's part, a renewal
+    /// waited for) to the call.
+    #[test]
+    fn parts_past_their_limit_are_answered_and_the_rest_wait() {
+        let now = Instant::now();
+        let past = Arc::new(Told(Mutex::default(), now));
+        let later = Arc::new(Told(Mutex::default(), now + Duration::from_secs(1)));
+        let lease = KeyToken::new("k", "t");
+        let part = |round: &Arc<Told>, at| Renew {
+            lease: lease.clone(),
+            ttl_ms: 3000,
+            reply: Reply::Part(PartOf {
+                round: Some(round.clone() as Arc<dyn Round>),
+                at,
+            }),
+        };
+        let (tx, mut rx) = oneshot::channel();
+        let mut batch = vec![
+            part(&past, 0),
+            part(&later, 1),
+            Renew {
+                lease: lease.clone(),
+                ttl_ms: 3000,
+                reply: Reply::Wait(tx),
+            },
+        ];
+        assert_eq!(next_limit(&batch), Some(now));
+        expire_parts(&mut batch, now);
+        assert_eq!(*past.0.lock().unwrap(), vec![(0, false)]);
+        assert!(later.0.lock().unwrap().is_empty());
+        assert!(rx.try_recv().is_err(), "the waited renewal was answered");
+        assert_eq!(next_limit(&batch), Some(now + Duration::from_secs(1)));
+        // The call's answer reaches the rest, and not the part answered.
+        for r in batch {
+            r.answer(Ok(1), "server");
+        }
+        assert_eq!(past.0.lock().unwrap().len(), 1);
+        assert_eq!(*later.0.lock().unwrap(), vec![(1, true)]);
+        assert_eq!(rx.try_recv().ok().map(|r| r.ok()), Some(Some(1)));
     }
 
     /// A part answered is told once; a part dropped unanswered (left out

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use lockcore::raw::prelude::*;
 
 use super::quorum::*;
-use super::round::QuorumRound;
+use super::round::{QuorumRound, Retakes};
 use crate::config::NAME;
 use crate::managed::Managed;
 use crate::renewals::KeyToken;
@@ -25,11 +25,8 @@ pub(super) struct RedLockLease {
     /// The acquire's calls still out when it returned: the release is sent
     /// on each of their instances once the call there finished.
     pub(super) acquiring: Straggling,
-    /// True once the release began. A renewal answered from the masters'
-    /// batches sets a lost key again after its answer, under the read
-    /// lock and only while this is false, so that no `SET NX` lands after
-    /// the release.
-    pub(super) retakes: Arc<tokio::sync::RwLock<bool>>,
+    /// The keys its renewals answered at the majority set again.
+    pub(super) retakes: Arc<Retakes>,
 }
 
 #[async_trait]
@@ -50,7 +47,7 @@ impl BackendLease for RedLockLease {
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
         // After the `SET NX` of a round answered earlier, if one is out:
         // it carries that round's ttl, which this renewal may change.
-        drop(self.retakes.write().await);
+        self.retakes.wait().await;
         let sent = Instant::now();
         let replies = renew_all(
             &self.instances,
@@ -131,9 +128,7 @@ impl BackendLease for RedLockLease {
 
     /// No key is set again on a master after this (see `retakes`).
     fn abandon(&self) {
-        if let Ok(mut released) = self.retakes.try_write() {
-            *released = true;
-        }
+        self.retakes.end();
     }
 
     /// Compare-and-delete on every instance, returning once a majority
@@ -150,7 +145,8 @@ impl BackendLease for RedLockLease {
     /// may still apply); a key it left ends by its ttl, as if the holder had
     /// died.
     async fn release(&self) -> Result<Released> {
-        *self.retakes.write().await = true;
+        self.retakes.end();
+        self.retakes.wait().await;
         // Sent on each instance after the acquire's call there, if that
         // was still out.
         let acquiring = self.acquiring.clone();

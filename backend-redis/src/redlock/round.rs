@@ -9,9 +9,9 @@
 //! in [`renew`](lockcore::raw::BackendLease::renew). Once renewed, a
 //! master that lost the key (restarted without persistence) gets it back
 //! by `SET NX`, also when its reply comes after the majority's: in a task
-//! of its own, never after the lease's release began (the release waits
-//! for it).
+//! of its own, never after the lease's release began ([`Retakes`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,29 @@ use crate::managed::Managed;
 use crate::renewals::{KeyToken, Round};
 use crate::scripts::ttl_ms;
 
+/// A lease's keys set again on masters that lost them (by its renewals
+/// answered at the majority): none once the lease's release or abandon
+/// began, and a release (or a renewal by `renew`, which may change the
+/// ttl) waits for those under way, so that no `SET NX` lands after it.
+#[derive(Debug, Default)]
+pub(super) struct Retakes {
+    /// Held (read) by each while it runs.
+    under_way: tokio::sync::RwLock<()>,
+    ended: AtomicBool,
+}
+
+impl Retakes {
+    /// No key is set again from now.
+    pub(super) fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits for those under way.
+    pub(super) async fn wait(&self) {
+        drop(self.under_way.write().await);
+    }
+}
+
 /// One renewal of a lease on every master.
 pub(super) struct QuorumRound {
     sent: Instant,
@@ -39,8 +62,8 @@ pub(super) struct QuorumRound {
     limit: Duration,
     instances: Arc<Vec<Instance>>,
     lease: Arc<KeyToken>,
-    /// The lease's release began (see `RedLockLease::retakes`).
-    released: Arc<tokio::sync::RwLock<bool>>,
+    /// The lease's keys set again (see [`Retakes`]).
+    retakes: Arc<Retakes>,
     counts: Mutex<Counts>,
 }
 
@@ -67,7 +90,7 @@ impl QuorumRound {
         limit: Duration,
         instances: Arc<Vec<Instance>>,
         lease: Arc<KeyToken>,
-        released: Arc<tokio::sync::RwLock<bool>>,
+        retakes: Arc<Retakes>,
     ) -> Arc<QuorumRound> {
         Arc::new(QuorumRound {
             sent: Instant::now(),
@@ -78,7 +101,7 @@ impl QuorumRound {
             limit,
             instances,
             lease,
-            released,
+            retakes,
             counts: Mutex::new(Counts {
                 done: Some(done),
                 ..Counts::default()
@@ -132,14 +155,13 @@ impl QuorumRound {
             },
             limit: self.limit,
         };
-        let released = self.released.clone();
+        let retakes = self.retakes.clone();
         let _in = rt.enter();
         spawn_cleanup(
             "set a RedLock key again where a master lost it",
             async move {
-                // Not after the release began: it waits for this.
-                let released = released.read().await;
-                if !*released {
+                let _under_way = retakes.under_way.read().await;
+                if !retakes.ended.load(Ordering::SeqCst) {
                     let _ = on_each(&conns, call, |_| false, Straggling::default()).await;
                 }
             },
