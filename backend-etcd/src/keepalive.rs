@@ -93,10 +93,10 @@ impl KeepAlives {
         limit: Duration,
         fresh: Duration,
     ) -> Result<Option<Instant>> {
-        if let Some(known) = self.known(id, fresh) {
+        let now = Instant::now();
+        if let Some(known) = self.known(id, fresh, now) {
             return Ok(known);
         }
-        let now = Instant::now();
         let (reply, answer) = oneshot::channel();
         let deadline = now + limit;
         self.send(Ask {
@@ -119,9 +119,10 @@ impl KeepAlives {
     }
 
     /// The answer of a keepalive of `id` sent within `fresh` and answered,
-    /// as [`renew`](Self::renew) takes it; `None` when there is none.
-    pub(crate) fn known(&self, id: i64, fresh: Duration) -> Option<Option<Instant>> {
-        let since = Instant::now().checked_sub(fresh)?;
+    /// as [`renew`](Self::renew) takes it at `now`; `None` when there is
+    /// none.
+    pub(crate) fn known(&self, id: i64, fresh: Duration, now: Instant) -> Option<Option<Instant>> {
+        let since = now.checked_sub(fresh)?;
         let a = *lock(&self.recent).get(&id)?;
         (!fresh.is_zero() && a.sent >= since).then_some(a.alive.then_some(a.sent))
     }
@@ -132,9 +133,9 @@ impl KeepAlives {
     /// quarters of `fresh`. A keepalive sent then is answered before the
     /// window ends, so that the renewals coming due after it still find an
     /// answer they may take, instead of each waiting on a keepalive of
-    /// their own.
-    pub(crate) fn ask_ahead(&self, id: i64, sent: Instant, fresh: Duration) -> bool {
-        sent::ask_ahead(&self.recent, id, sent, fresh, Instant::now())
+    /// their own. `now` is the time read for the renewal.
+    pub(crate) fn ask_ahead(&self, id: i64, sent: Instant, fresh: Duration, now: Instant) -> bool {
+        sent::ask_ahead(&self.recent, id, sent, fresh, now)
     }
 
     /// Hands `ask` to its lease's task, starting one if none runs.

@@ -11,9 +11,15 @@
 //! The keys on a shared lease (`shared.rs`) are checked by one read of
 //! that lease's attached keys (`LeaseTimeToLive` with keys), which serves
 //! every lock on it that asks within its window: a read sent after the
-//! lock moved there, and recently enough.
+//! lock moved there, and recently enough. The read keeps the keys it found
+//! as their hashes, sorted, keyed with a seed of this handle: ten thousand
+//! renewals a second each look for one number rather than hash and compare
+//! a name. A deleted key passes for a kept one only if its hash equals
+//! another key's on the lease: with 2,048 keys, odds of about one in 10^16
+//! a read.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,6 +65,8 @@ pub(crate) struct KeyChecks {
     batches: Batches<Check>,
     /// The last read of each shared lease's keys; one read at a time each.
     lists: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<Option<KeyList>>>>>,
+    /// The keys' hashes, with a seed of this handle.
+    hasher: RandomState,
 }
 
 /// The keys attached to a lease, as one read found them.
@@ -67,7 +75,15 @@ struct KeyList {
     sent: Instant,
     /// The lease lived (its ttl was above zero).
     alive: bool,
-    keys: HashSet<Vec<u8>>,
+    /// The hashes of the keys found ([`KeyChecks::key_hash`]), sorted.
+    keys: Vec<u64>,
+}
+
+impl KeyList {
+    /// Whether the lease lived and the key of hash `key` was on it.
+    fn has(&self, key: u64) -> bool {
+        self.alive && self.keys.binary_search(&key).is_ok()
+    }
 }
 
 impl KeyChecks {
@@ -84,22 +100,24 @@ impl KeyChecks {
             limit,
             batches: Batches::new(WINDOW, PER_TXN, IN_FLIGHT),
             lists: Mutex::default(),
+            hasher: RandomState::new(),
         }
     }
 
-    /// Whether `key` is attached to `lease`, by a read of the lease's keys
+    /// The hash of `key` that [`attached`](Self::attached) looks for.
+    pub(crate) fn key_hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// Whether the key of hash `key` ([`key_hash`](Self::key_hash)) is
+    /// attached to `lease`, by a read of the lease's keys
     /// sent at `not_before` or later: the last one, or a new one (which
     /// the renewals of the other locks on the lease then take).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
-    pub(crate) async fn attached(
-        &self,
-        lease: i64,
-        key: &str,
-        not_before: Instant,
-    ) -> Result<bool> {
+    pub(crate) async fn attached(&self, lease: i64, key: u64, not_before: Instant) -> Result<bool> {
         let slot = lock(&self.lists).entry(lease).or_default().clone();
         let mut list = slot.lock().await;
         let fresh = list.as_ref().is_some_and(|l| l.sent >= not_before);
@@ -128,30 +146,25 @@ impl KeyChecks {
                     ))
                 }
             };
+            let mut keys: Vec<u64> = r.keys().iter().map(|k| self.key_hash(k)).collect();
+            keys.sort_unstable();
             *list = Some(KeyList {
                 sent,
                 alive: r.ttl() > 0,
-                keys: r.keys().iter().cloned().collect(),
+                keys,
             });
         }
-        Ok(list
-            .as_ref()
-            .is_some_and(|l| l.alive && l.keys.contains(key.as_bytes())))
+        Ok(list.as_ref().is_some_and(|l| l.has(key)))
     }
 
     /// What [`attached`](Self::attached) would answer now from a read
     /// already made, without waiting; `None` when it would read (no read
     /// so recent, or one in flight).
-    pub(crate) fn attached_known(
-        &self,
-        lease: i64,
-        key: &str,
-        not_before: Instant,
-    ) -> Option<bool> {
+    pub(crate) fn attached_known(&self, lease: i64, key: u64, not_before: Instant) -> Option<bool> {
         let lists = lock(&self.lists);
         let list = lists.get(&lease)?.try_lock().ok()?;
         let list = list.as_ref().filter(|l| l.sent >= not_before)?;
-        Some(list.alive && list.keys.contains(key.as_bytes()))
+        Some(list.has(key))
     }
 
     /// Forgets the key list of `lease` (it ended).

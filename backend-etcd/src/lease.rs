@@ -24,6 +24,8 @@ pub(crate) struct EtcdLease {
     backend: EtcdBackend,
     name: String,
     key: String,
+    /// The key's hash, as the shared lease's key reads keep them.
+    key_hash: u64,
     /// The lease it was granted with.
     lease: i64,
     rev: i64,
@@ -63,9 +65,11 @@ impl EtcdLease {
         valid_until: Instant,
     ) -> Self {
         let (name, ttl) = (req.name, req.ttl);
+        let key_hash = backend.inner.keychecks.key_hash(key.as_bytes());
         EtcdLease {
             backend,
             name: name.to_owned(),
+            key_hash,
             key,
             lease,
             rev,
@@ -217,7 +221,7 @@ impl BackendLease for EtcdLease {
                     Some(&moved) if shared != 0 => {
                         let recent = Instant::now().checked_sub(self.check_window);
                         let not_before = recent.map_or(moved, |r| r.max(moved));
-                        checks.attached(shared, &self.key, not_before).await
+                        checks.attached(shared, self.key_hash, not_before).await
                     }
                     _ => checks.still_there(&self.key, self.rev).await,
                 }
@@ -254,18 +258,20 @@ impl BackendLease for EtcdLease {
         }
         let moved = *self.moved_at.get()?;
         let inner = &self.backend.inner;
-        let sent = inner.keepalives.known(shared, self.window)??;
+        // One reading of the clock for the renewal.
+        let now = Instant::now();
+        let sent = inner.keepalives.known(shared, self.window, now)??;
         let b = &self.backend;
-        if inner.keepalives.ask_ahead(shared, sent, self.window) {
+        if inner.keepalives.ask_ahead(shared, sent, self.window, now) {
             // Within half the window: the answer taken now is not taken.
             b.keep_alive_ahead(shared, b.op_timeout(self.ttl), self.window / 2);
         }
-        let recent = Instant::now().checked_sub(self.check_window);
+        let recent = now.checked_sub(self.check_window);
         let not_before = recent.map_or(moved, |r| r.max(moved));
         // A key found gone: `renew` reads the same, and says so.
         if !inner
             .keychecks
-            .attached_known(shared, &self.key, not_before)?
+            .attached_known(shared, self.key_hash, not_before)?
         {
             return None;
         }

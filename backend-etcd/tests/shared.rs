@@ -13,10 +13,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{connect, holder_lease, metric, raw, shared_lease_of};
+use etcd_client::DeleteOptions;
 use lockcore::{LockOptions, Wait};
 use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
 use lockcore_conformance::{run_serial, Ctx, Dir, Proxies, Target, UrlHarness, COMPOSE_HINT};
+use lockcore_etcd::{lock_range, DEFAULT_PREFIX};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -184,6 +186,44 @@ async fn a_revoked_shared_lease_loses_every_lock_on_it(ctx: Ctx) {
     }
 }
 
+/// A key deleted on the server while it is on the shared lease (`etcdctl
+/// del`): the read of the lease's keys finds it gone, so that lock alone is
+/// lost (refused, not lapsed), and the others on the lease stay held, on
+/// the server too.
+async fn a_key_deleted_on_the_shared_lease_is_lost_and_only_it(ctx: Ctx) {
+    let l = ctx.harness.connect().await.expect("connect");
+    let mut c = raw(&ctx).await;
+    let names: Vec<String> = (0..40).map(|i| ctx.name(&format!("d/{i}"))).collect();
+    let guards = hold_all(&l, &names, TTL).await;
+    let shared = shared_lease_of(&mut c, &names, TTL).await;
+    let gone = c
+        .delete(
+            lock_range(DEFAULT_PREFIX, &names[13]),
+            Some(DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect("delete");
+    assert_eq!(gone.deleted(), 1, "the holder's key");
+    tokio::time::timeout(TTL + Duration::from_secs(2), guards[13].lost())
+        .await
+        .expect("the lost signal of the lock whose key was deleted");
+    let reason = guards[13].lost_reason().unwrap_or_default();
+    assert!(reason.starts_with("renewal refused"), "lost: {reason}");
+    // Three more renewals of the others, on the same lease.
+    tokio::time::sleep(TTL).await;
+    let other = ctx.harness.connect().await.expect("connect");
+    for (i, (name, g)) in names.iter().zip(&guards).enumerate() {
+        if i != 13 {
+            assert!(g.is_held(), "{name} was lost with the deleted one");
+            must_be_held(&other, name).await;
+            assert_eq!(holder_lease(&mut c, name).await, Some(shared), "{name}");
+        }
+    }
+    for g in guards {
+        let _ = g.release().await;
+    }
+}
+
 /// A lock on the shared lease whose release cannot reach the server (its
 /// handle's traffic blackholed until the release gives up) is deleted in
 /// the background once the server answers again, though the handle's other
@@ -235,5 +275,6 @@ fn main() -> std::process::ExitCode {
         an_abandoned_lock_on_the_shared_lease_ends_by_its_ttl,
         a_revoked_shared_lease_loses_every_lock_on_it,
         a_failed_release_on_the_shared_lease_is_finished_later,
+        a_key_deleted_on_the_shared_lease_is_lost_and_only_it,
     )])
 }
