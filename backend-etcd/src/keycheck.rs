@@ -14,9 +14,10 @@
 //! lock moved there, and recently enough. The read keeps the keys it found
 //! as their hashes, sorted, keyed with a seed of this handle: ten thousand
 //! renewals a second each look for one number rather than hash and compare
-//! a name. A deleted key passes for a kept one only if its hash equals
-//! another key's on the lease: with 2,048 keys, odds of about one in 10^16
-//! a read.
+//! a name. A deleted key passes for a kept one if its hash equals another
+//! key's on the lease, and then on every read while that key stays (the
+//! seed does not change): with 2,048 keys on a lease, odds of about one in
+//! 10^16 a deletion.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
