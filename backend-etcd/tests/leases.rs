@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{connect, holder_lease, metric, raw, shared_lease_of};
-use etcd_client::{Client, DeleteOptions, GetOptions};
+use common::{connect, delete_and_see_it_alone_lost, holder_lease, metric, raw, shared_lease_of};
+use etcd_client::{Client, GetOptions};
 use lockcore::{LockOptions, Wait};
 use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
@@ -459,29 +459,7 @@ async fn a_deleted_key_is_lost_and_only_it(ctx: Ctx) {
     let ttl = Duration::from_secs(2);
     let guards = hold_all(&l, &names, ttl).await;
     let mut c = raw(&ctx).await;
-    let gone = c
-        .delete(
-            lock_range(DEFAULT_PREFIX, &names[7]),
-            Some(DeleteOptions::new().with_prefix()),
-        )
-        .await
-        .expect("delete");
-    assert_eq!(gone.deleted(), 1, "the holder's key");
-    tokio::time::timeout(ttl + Duration::from_secs(2), guards[7].lost())
-        .await
-        .expect("the lost signal of the lock whose key was deleted");
-    // Refused by the key check, not lapsed for want of an answer.
-    let reason = guards[7].lost_reason().unwrap_or_default();
-    assert!(reason.starts_with("renewal refused"), "lost: {reason}");
-    // Two more renewals of the others (each a third of the ttl).
-    tokio::time::sleep(ttl).await;
-    let other = ctx.harness.connect().await.expect("connect");
-    for (i, (name, g)) in names.iter().zip(&guards).enumerate() {
-        if i != 7 {
-            assert!(g.is_held(), "{name} was lost with the deleted one");
-            must_be_held(&other, name).await;
-        }
-    }
+    delete_and_see_it_alone_lost(&ctx, &mut c, &names, &guards, 7, ttl).await;
     for g in guards {
         let _ = g.release().await;
     }

@@ -12,13 +12,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect, holder_lease, metric, raw, shared_lease_of};
-use etcd_client::DeleteOptions;
+use common::{connect, delete_and_see_it_alone_lost, holder_lease, metric, raw, shared_lease_of};
 use lockcore::{LockOptions, Wait};
 use lockcore_conformance::cases::{hold_all, must_be_held};
 use lockcore_conformance::own_cases;
 use lockcore_conformance::{run_serial, Ctx, Dir, Proxies, Target, UrlHarness, COMPOSE_HINT};
-use lockcore_etcd::{lock_range, DEFAULT_PREFIX};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -196,26 +194,10 @@ async fn a_key_deleted_on_the_shared_lease_is_lost_and_only_it(ctx: Ctx) {
     let names: Vec<String> = (0..40).map(|i| ctx.name(&format!("d/{i}"))).collect();
     let guards = hold_all(&l, &names, TTL).await;
     let shared = shared_lease_of(&mut c, &names, TTL).await;
-    let gone = c
-        .delete(
-            lock_range(DEFAULT_PREFIX, &names[13]),
-            Some(DeleteOptions::new().with_prefix()),
-        )
-        .await
-        .expect("delete");
-    assert_eq!(gone.deleted(), 1, "the holder's key");
-    tokio::time::timeout(TTL + Duration::from_secs(2), guards[13].lost())
-        .await
-        .expect("the lost signal of the lock whose key was deleted");
-    let reason = guards[13].lost_reason().unwrap_or_default();
-    assert!(reason.starts_with("renewal refused"), "lost: {reason}");
-    // Three more renewals of the others, on the same lease.
-    tokio::time::sleep(TTL).await;
-    let other = ctx.harness.connect().await.expect("connect");
-    for (i, (name, g)) in names.iter().zip(&guards).enumerate() {
+    delete_and_see_it_alone_lost(&ctx, &mut c, &names, &guards, 13, TTL).await;
+    // Renewed on the same lease all along.
+    for (i, name) in names.iter().enumerate() {
         if i != 13 {
-            assert!(g.is_held(), "{name} was lost with the deleted one");
-            must_be_held(&other, name).await;
             assert_eq!(holder_lease(&mut c, name).await, Some(shared), "{name}");
         }
     }

@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, DeleteOptions, GetOptions};
+use lockcore::LockGuard;
+use lockcore_conformance::cases::must_be_held;
 use lockcore_conformance::{ConnectFuture, Ctx};
 use lockcore_etcd::{lock_range, DEFAULT_PREFIX};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -80,5 +82,41 @@ pub(crate) async fn shared_lease_of(c: &mut Client, names: &[String], ttl: Durat
             leases.len()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deletes the key of `names[gone]` on the server (`etcdctl del`) and
+/// checks that its lock alone is lost: its lost signal within `ttl` + 2 s,
+/// refused by the key check (not lapsed), and the others still held a ttl
+/// later, on the server too.
+pub(crate) async fn delete_and_see_it_alone_lost(
+    ctx: &Ctx,
+    c: &mut Client,
+    names: &[String],
+    guards: &[LockGuard],
+    gone: usize,
+    ttl: Duration,
+) {
+    let deleted = c
+        .delete(
+            lock_range(DEFAULT_PREFIX, &names[gone]),
+            Some(DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect("delete");
+    assert_eq!(deleted.deleted(), 1, "the holder's key");
+    tokio::time::timeout(ttl + Duration::from_secs(2), guards[gone].lost())
+        .await
+        .expect("the lost signal of the lock whose key was deleted");
+    let reason = guards[gone].lost_reason().unwrap_or_default();
+    assert!(reason.starts_with("renewal refused"), "lost: {reason}");
+    // More renewals of the others (each a third of the ttl).
+    tokio::time::sleep(ttl).await;
+    let other = ctx.harness.connect().await.expect("connect");
+    for (i, (name, g)) in names.iter().zip(guards).enumerate() {
+        if i != gone {
+            assert!(g.is_held(), "{name} was lost with the deleted one");
+            must_be_held(&other, name).await;
+        }
     }
 }
