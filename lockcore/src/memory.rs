@@ -392,9 +392,9 @@ struct MemoryLease {
     owner: OwnerToken,
 }
 
-#[async_trait]
-impl BackendLease for MemoryLease {
-    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+impl MemoryLease {
+    /// Renews in the map, at once: the server is in this process.
+    fn renew_here(&self, ttl: Duration) -> Renewal {
         let now = crate::raw::now();
         let mut st = lock(&self.state);
         let holder = st
@@ -402,7 +402,7 @@ impl BackendLease for MemoryLease {
             .get_mut(&self.name)
             .and_then(|e| e.holder.as_mut())
             .filter(|h| h.owner == self.owner && h.expires > now);
-        Ok(match holder {
+        match holder {
             Some(h) => {
                 h.expires = now + ttl;
                 Renewal::Renewed {
@@ -410,7 +410,19 @@ impl BackendLease for MemoryLease {
                 }
             }
             None => Renewal::Lost,
-        })
+        }
+    }
+}
+
+#[async_trait]
+impl BackendLease for MemoryLease {
+    async fn renew(&self, ttl: Duration) -> Result<Renewal> {
+        Ok(self.renew_here(ttl))
+    }
+
+    /// The renewal itself, done at once (the watchdog makes no future).
+    fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
+        Some(self.renew_here(ttl))
     }
 
     async fn release(&self) -> Result<Released> {

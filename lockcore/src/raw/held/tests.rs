@@ -287,3 +287,42 @@ async fn a_renewal_that_panics_raises_lost() {
 
 mod extend;
 mod then;
+
+/// The memory backend answers a renewal at once (the watchdog makes no
+/// future for it): renewed from now by the ttl while the map has the
+/// holder, lost once it does not.
+#[tokio::test(start_paused = true)]
+async fn memory_renewals_are_answered_at_once() {
+    use crate::raw::{Deadline, Mode, OwnerToken};
+    let server = MemoryBackend::new();
+    let ttl = Duration::from_secs(3);
+    let lost = tokio_util::sync::CancellationToken::new();
+    let req = AcquireRequest {
+        name: "x",
+        owner: OwnerToken::random(),
+        ttl,
+        lock_delay: Duration::ZERO,
+        deadline: Deadline::Now,
+        lost: &lost,
+        value: None,
+        mode: Mode::Exclusive,
+        renew: true,
+    };
+    let lease = server.acquire(req).await.unwrap().unwrap().lease;
+    tokio::time::sleep(ttl / 2).await;
+    let asked = crate::raw::now();
+    match lease.renew_known(ttl) {
+        Some(Renewal::Renewed { valid_until }) => assert_eq!(valid_until, asked + ttl),
+        other => panic!("renewal answered {other:?}"),
+    }
+    // Still held on the server a whole ttl after the renewal, not after
+    // the grant.
+    tokio::time::sleep(ttl - Duration::from_millis(1)).await;
+    let other = Locker::new(server.clone());
+    let opts = LockOptions::new().ttl(ttl).wait(Wait::Try);
+    assert!(other.acquire("x", &opts).await.unwrap().is_none());
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let taken = other.acquire("x", &opts).await.unwrap().unwrap();
+    assert!(matches!(lease.renew_known(ttl), Some(Renewal::Lost)));
+    taken.release().await.unwrap();
+}
