@@ -100,13 +100,19 @@ pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
-    /// Answers a renewal with `ttl` at once from what the backend already
-    /// knows, with no request of its own and without waiting: a keepalive
-    /// and a read of the key, sent recently enough, that serve many leases
-    /// (etcd's shared lease). `Some` only with the answer
-    /// [`renew`](Self::renew) would give now, its validity counted from
-    /// when that knowledge was asked for; `None` when the server must be
-    /// asked (the watchdog then calls `renew`). The default knows nothing.
+    /// Answers a renewal with `ttl` at once, without waiting: from what
+    /// the backend already knows (a keepalive and a read of the key, sent
+    /// recently enough, that serve many leases: etcd's shared lease), or
+    /// by a renewal it can make in place (the memory backend's map, in
+    /// this process). `Some` only with the answer [`renew`](Self::renew)
+    /// would give now, its validity counted from when that knowledge was
+    /// asked for (or from now, for a renewal made in place); `None` when
+    /// the server must be asked (the watchdog then calls `renew`). The
+    /// default knows nothing.
+    ///
+    /// A `Some` answer is a renewal made: the watchdog calls this only
+    /// where it would call `renew`, one at a time under the lease's
+    /// renewal turn, and applies the answer.
     fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
         let _ = ttl;
         None

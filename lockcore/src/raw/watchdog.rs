@@ -11,9 +11,9 @@
 //! ends its own lease's watch only: it is caught, and the lease is told
 //! ([`Watched::check_panicked`]: a held lease raises its lost signal).
 //! A check the item can do at once ([`Watched::check_now`]: a renewal its
-//! backend answers from a keepalive and a read that serve many leases, or
-//! one the backend's own task answers, many to a server call) makes no
-//! future at all.
+//! backend answers from a keepalive and a read that serve many leases or
+//! makes in place, or one the backend's own task answers, many to a server
+//! call) makes no future at all.
 //!
 //! The checks are polled outside tokio's cooperative budget (they are many
 //! tasks' worth of work in one task, which would otherwise share one

@@ -53,6 +53,8 @@ enum Then {
     DropFirst,
     /// Kept, never answered.
     Never,
+    /// Answered before `renew_then` returns, as `renew` would answer.
+    AtOnce,
 }
 
 impl Faults {
@@ -174,6 +176,11 @@ impl BackendLease for FaultyLease {
         let n = self.faults.then_asked.fetch_add(1, SeqCst);
         match then {
             Then::Never => crate::raw::sync::lock(&self.faults.unanswered).push(done),
+            Then::AtOnce => {
+                use futures_util::FutureExt;
+                let renewed = self.inner.renew(ttl).now_or_never();
+                done.answer(renewed.unwrap_or_else(|| Ok(Renewal::Lost)));
+            }
             Then::DropFirst if n == 0 => drop(done),
             Then::Answer | Then::DropFirst => {
                 let lease = FaultyLease {
@@ -285,9 +292,6 @@ async fn a_renewal_that_panics_raises_lost() {
     );
 }
 
-mod extend;
-mod then;
-
 /// The memory backend answers a renewal at once (the watchdog makes no
 /// future for it): renewed from now by the ttl while the map has the
 /// holder, lost once it does not.
@@ -326,3 +330,6 @@ async fn memory_renewals_are_answered_at_once() {
     assert!(matches!(lease.renew_known(ttl), Some(Renewal::Lost)));
     taken.release().await.unwrap();
 }
+
+mod extend;
+mod then;

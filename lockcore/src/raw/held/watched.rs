@@ -90,7 +90,8 @@ impl Held {
     }
 
     /// The watchdog's check done at once, with no future of its own:
-    /// when the backend answers the renewal from what it already knows
+    /// when the backend answers the renewal from what it already knows, or
+    /// renews in place
     /// ([`BackendLease::renew_known`](crate::raw::BackendLease::renew_known)),
     /// with the same outcome as [`watchdog_check`](Held::watchdog_check);
     /// or when it takes the renewal to answer from its own task
