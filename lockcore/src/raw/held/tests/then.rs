@@ -19,50 +19,34 @@ fn opts() -> LockOptions {
 }
 
 /// Renewals answered from the backend's task keep the lease on the
-/// server; once released, the name is free.
+/// server; once released, the name is free. An answer given within
+/// `renew_then` itself (`Then::AtOnce`) keeps the lease's next renewal
+/// where the answer put it: renewed every third of the ttl, not at each
+/// validity deadline (where the lease is watched until the answer).
 #[tokio::test(start_paused = true)]
 async fn renewals_answered_by_the_backends_task_keep_the_lease() {
-    let server = MemoryBackend::new();
-    let faults = then(Then::Answer, Duration::ZERO);
-    let g = faulty(&server, &faults)
-        .acquire("x", &opts())
-        .await
-        .unwrap()
-        .unwrap();
-    tokio::time::sleep(TTL * 4).await;
-    let taken = faults.then_asked.load(SeqCst);
-    assert!(taken >= 10, "{taken} renewals went by renew_then in 12 s");
-    let other = Locker::new(server.clone());
-    assert!(
-        other.acquire("x", &opts()).await.unwrap().is_none(),
-        "the server let the name go"
-    );
-    g.release().await.unwrap();
-    assert!(other.acquire("x", &opts()).await.unwrap().is_some());
-}
-
-/// An answer given within `renew_then` itself keeps the lease's next
-/// renewal where the answer put it: renewed every third of the ttl, not at
-/// each validity deadline (where the lease is watched until the answer).
-#[tokio::test(start_paused = true)]
-async fn an_answer_within_renew_then_keeps_the_next_renewal() {
-    let server = MemoryBackend::new();
-    let faults = then(Then::AtOnce, Duration::ZERO);
-    let g = faulty(&server, &faults)
-        .acquire("x", &opts())
-        .await
-        .unwrap()
-        .unwrap();
-    tokio::time::sleep(TTL * 4).await;
-    let taken = faults.then_asked.load(SeqCst);
-    assert!(taken >= 10, "{taken} renewals went by renew_then in 12 s");
-    let other = Locker::new(server.clone());
-    assert!(
-        other.acquire("x", &opts()).await.unwrap().is_none(),
-        "the server let the name go"
-    );
-    assert!(g.is_held());
-    g.release().await.unwrap();
+    for answered in [Then::Answer, Then::AtOnce] {
+        let server = MemoryBackend::new();
+        let faults = then(answered, Duration::ZERO);
+        let g = faulty(&server, &faults)
+            .acquire("x", &opts())
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(TTL * 4).await;
+        let taken = faults.then_asked.load(SeqCst);
+        assert!(
+            taken >= 10,
+            "{answered:?}: {taken} renewals went by renew_then in 12 s"
+        );
+        let other = Locker::new(server.clone());
+        assert!(
+            other.acquire("x", &opts()).await.unwrap().is_none(),
+            "{answered:?}: the server let the name go"
+        );
+        g.release().await.unwrap();
+        assert!(other.acquire("x", &opts()).await.unwrap().is_some());
+    }
 }
 
 /// A renewal dropped unanswered (the backend's task ended) is a failed
