@@ -209,19 +209,15 @@ async fn ours(url: &str, ns: &str, stats: &mut [MultiplexedConnection]) -> Phase
     phase
 }
 
-/// The masters of a `redis://` or `redlock://` URL, as `redis://` URLs
-/// (a RedLock URL's hosts without credentials, as compose's are).
+/// The `redis://host:port` of each master a lockcore Redis URL names (as
+/// `benches/redis.rs` reads them).
 fn servers(url: &str) -> Vec<String> {
-    match url.strip_prefix("redlock://") {
-        Some(hosts) => hosts
-            .split('?')
-            .next()
-            .unwrap_or_default()
-            .split(',')
-            .map(|h| format!("redis://{h}"))
-            .collect(),
-        None => vec![url.to_owned()],
-    }
+    lockcore::raw::address::ServerUrl::parse(url, 6379)
+        .expect("a redis URL")
+        .hosts
+        .iter()
+        .map(|h| format!("redis://{h}"))
+        .collect()
 }
 
 fn main() {
