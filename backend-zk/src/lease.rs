@@ -14,6 +14,15 @@ use crate::error::{is_session_end, map_err};
 use crate::nodes::{delete_node, delete_ours, watch_fired};
 use crate::session::Session;
 
+/// What a lease shares with its task, in one allocation: the task's
+/// future keeps one pointer, not one for each.
+struct Node {
+    session: Arc<Session>,
+    path: NodePath,
+    lost: CancellationToken,
+    flags: Flags,
+}
+
 /// Flags shared by a lease and its watch task.
 #[derive(Debug, Default)]
 struct Flags {
@@ -25,13 +34,12 @@ struct Flags {
     unwatched: AtomicBool,
 }
 
-/// Our node's path, shared with the lease's task, and where in it the
-/// lock's parent node and our nodes' name prefix (our uuid) end: one
-/// string a lease, not three.
+/// Our node's path, and where in it the lock's parent node and our nodes'
+/// name prefix (our uuid) end: one string a lease, not three.
 struct NodePath {
-    path: Arc<str>,
-    parent_end: usize,
-    prefix_end: usize,
+    path: Box<str>,
+    parent_end: u32,
+    prefix_end: u32,
 }
 
 impl NodePath {
@@ -49,28 +57,33 @@ impl NodePath {
         } else {
             path.len()
         };
+        // Ends kept in 32 bits (a node path is under ZooKeeper's
+        // `jute.maxbuffer`, 1 MiB by default): one that does not fit is
+        // the whole path, as a parent or prefix not found is.
+        let end = |at: usize| u32::try_from(at).unwrap_or(u32::MAX);
         NodePath {
             path: path.into(),
-            parent_end,
-            prefix_end,
+            parent_end: end(parent_end),
+            prefix_end: end(prefix_end),
         }
     }
 
     fn parent(&self) -> String {
-        self.path.get(..self.parent_end).unwrap_or("").to_owned()
+        let parent = self.path.get(..self.parent_end as usize);
+        parent.unwrap_or("").to_owned()
     }
 
     fn prefix(&self) -> String {
-        let prefix = self.path.get(self.parent_end + 1..self.prefix_end);
+        let prefix = self
+            .path
+            .get(self.parent_end as usize + 1..self.prefix_end as usize);
         prefix.unwrap_or(&self.path).to_owned()
     }
 }
 
 /// One held lock: our node on our session.
 pub(crate) struct ZkLease {
-    session: Arc<Session>,
-    node: NodePath,
-    flags: Arc<Flags>,
+    node: Arc<Node>,
     task: tokio::task::AbortHandle,
     /// The lock-delay, counted in every renewal's ttl: the holder's own ttl
     /// is the rest.
@@ -80,8 +93,8 @@ pub(crate) struct ZkLease {
 impl fmt::Debug for ZkLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLease")
-            .field("path", &self.node.path)
-            .field("session", &format_args!("{:#x}", self.session.id))
+            .field("path", &self.node.path.path)
+            .field("session", &format_args!("{:#x}", self.node.session.id))
             .finish_non_exhaustive()
     }
 }
@@ -95,25 +108,17 @@ impl ZkLease {
         lost: CancellationToken,
         delay: Duration,
     ) -> Self {
-        let flags = Arc::new(Flags {
-            unwatched: AtomicBool::new(true),
-            ..Flags::default()
-        });
-        let node = NodePath::new(&parent, &prefix, path);
-        let task = tokio::spawn(watch_lease(
-            session.clone(),
-            node.path.clone(),
-            lost,
-            flags.clone(),
-        ))
-        .abort_handle();
-        ZkLease {
+        let node = Arc::new(Node {
             session,
-            node,
-            flags,
-            task,
-            delay,
-        }
+            path: NodePath::new(&parent, &prefix, path),
+            lost,
+            flags: Flags {
+                unwatched: AtomicBool::new(true),
+                ..Flags::default()
+            },
+        });
+        let task = tokio::spawn(watch_lease(node.clone())).abort_handle();
+        ZkLease { node, task, delay }
     }
 }
 
@@ -125,22 +130,22 @@ impl ZkLease {
     /// Cancel safe: it only reads.
     async fn read_node(&self, ttl: Duration) -> Result<Renewal> {
         let sent = std::time::Instant::now();
-        let stat = self
-            .session
+        let session = &self.node.session;
+        let stat = session
             .call(|c| {
-                let path = &*self.node.path;
+                let path = &*self.node.path.path;
                 async move { c.check_stat(path).await }
             })
             .await;
         match stat {
-            Ok(Some(stat)) if stat.ephemeral_owner == self.session.id => Ok(Renewal::Renewed {
-                valid_until: self.session.valid_until(sent, ttl),
+            Ok(Some(stat)) if stat.ephemeral_owner == session.id => Ok(Renewal::Renewed {
+                valid_until: session.valid_until(sent, ttl),
             }),
             Ok(_) => Ok(Renewal::Lost),
             Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
             Err(e) => Err(map_err(
                 e,
-                format!("checking the lock node {}", self.node.path),
+                format!("checking the lock node {}", self.node.path.path),
                 false,
             )),
         }
@@ -149,40 +154,42 @@ impl ZkLease {
 
 /// Raises the lost signal when the session ends or our node is deleted by
 /// someone else; deletes our node when the lease is lost on the client side
-/// (validity deadline passed), so the next waiter gets it.
+/// (validity deadline passed), so the next waiter gets it. The session's
+/// end reaches every lease on it through its watch, which the client ends
+/// then: setting it again fails on the ended session, and raises lost.
 ///
 /// A held lease's task waits here for the whole hold, one per lease: its
 /// future keeps each argument once (an async block, not an async fn's
 /// arguments and their copies) and, while it waits, only the watch and the
-/// two signals (the setting of the watch is a future of its own).
-#[allow(clippy::manual_async_fn)] // an async fn would keep its arguments twice
-fn watch_lease(
-    session: Arc<Session>,
-    path: Arc<str>,
-    lost: CancellationToken,
-    flags: Arc<Flags>,
-) -> impl Future<Output = ()> + Send + 'static {
+/// lost signal (the setting of the watch is a future of its own).
+#[allow(clippy::manual_async_fn)] // an async fn would keep its argument twice
+fn watch_lease(node: Arc<Node>) -> impl Future<Output = ()> + Send + 'static {
     async move {
+        // Fields read where used, not bound across the waits: the future
+        // keeps the one pointer.
         loop {
-            let Some(watcher) = Box::pin(set_watch(&session, &path, &lost, &flags)).await else {
+            let set = set_watch(&node.session, &node.path.path, &node.lost, &node.flags);
+            let Some(watcher) = Box::pin(set).await else {
                 return;
             };
             tokio::select! {
                 () = watch_fired(watcher) => {
-                    flags.unwatched.store(true, Ordering::SeqCst);
+                    node.flags.unwatched.store(true, Ordering::SeqCst);
                     continue;
                 }
-                _ = session.dead() => {
-                    lost.cancel();
-                    return;
-                }
-                _ = lost.cancelled() => {
-                    if !flags.abandoned.load(Ordering::SeqCst) && !flags.released.load(Ordering::SeqCst) {
+                _ = node.lost.cancelled() => {
+                    let flags = &node.flags;
+                    // Lost with its session (abandoned, or expired and seen
+                    // by a renewal first): an ended session deletes
+                    // nothing, the server deletes the node as it expires it.
+                    let ended = node.session.is_dead();
+                    if !ended && !flags.abandoned.load(Ordering::SeqCst) && !flags.released.load(Ordering::SeqCst) {
                         // Lost on the client's clock: free the name on the server.
-                        if let Ok(true) = Box::pin(delete_node(&session, &path)).await {
+                        let path = &node.path.path;
+                        if let Ok(true) = Box::pin(delete_node(&node.session, path)).await {
                             tracing::debug!(node = %path, "deleted the node of a lost lease");
                         }
-                        flags.gone.store(true, Ordering::SeqCst);
+                        node.flags.gone.store(true, Ordering::SeqCst);
                     }
                     return;
                 }
@@ -235,7 +242,7 @@ impl BackendLease for ZkLease {
     /// A ttl above the session timeout cannot be kept (the session cannot
     /// be lengthened).
     fn check_ttl(&self, ttl: Duration) -> Result<()> {
-        self.session.check_ttl(ttl)
+        self.node.session.check_ttl(ttl)
     }
 
     /// Proves our session alive, with one request shared by every lease
@@ -250,28 +257,31 @@ impl BackendLease for ZkLease {
     ///
     /// Cancel safe: it only reads.
     async fn renew(&self, ttl: Duration) -> Result<Renewal> {
-        if self.session.is_dead() || self.flags.gone.load(Ordering::SeqCst) {
+        if self.node.session.is_dead() || self.node.flags.gone.load(Ordering::SeqCst) {
             return Ok(Renewal::Lost);
         }
         BackendLease::check_ttl(self, ttl)?;
-        if self.flags.unwatched.load(Ordering::SeqCst) {
+        if self.node.flags.unwatched.load(Ordering::SeqCst) {
             return self.read_node(ttl).await;
         }
         // A proof sent up to a twentieth of the holder's ttl ago will do.
         let max_age = ttl.saturating_sub(self.delay) / 20;
-        match self.session.prove_alive(max_age).await {
-            Ok(_) if self.flags.gone.load(Ordering::SeqCst) || self.session.is_dead() => {
+        match self.node.session.prove_alive(max_age).await {
+            Ok(_) if self.node.flags.gone.load(Ordering::SeqCst) || self.node.session.is_dead() => {
                 Ok(Renewal::Lost)
             }
             // The watch fired meanwhile: read the node.
-            Ok(_) if self.flags.unwatched.load(Ordering::SeqCst) => self.read_node(ttl).await,
+            Ok(_) if self.node.flags.unwatched.load(Ordering::SeqCst) => self.read_node(ttl).await,
             Ok(sent) => Ok(Renewal::Renewed {
-                valid_until: self.session.valid_until(sent, ttl),
+                valid_until: self.node.session.valid_until(sent, ttl),
             }),
             Err(e) if is_session_end(&e) => Ok(Renewal::Lost),
             Err(e) => Err(map_err(
                 e,
-                format!("checking the session of the lock node {}", self.node.path),
+                format!(
+                    "checking the session of the lock node {}",
+                    self.node.path.path
+                ),
                 false,
             )),
         }
@@ -280,21 +290,22 @@ impl BackendLease for ZkLease {
     /// Renewed by the session's latest proof of life while the node is
     /// watched, when [`renew`](BackendLease::renew) would take that proof.
     fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
-        let flags = &self.flags;
+        let flags = &self.node.flags;
         let ok = |f: &std::sync::atomic::AtomicBool| !f.load(Ordering::SeqCst);
         if !ok(&flags.gone) || !ok(&flags.unwatched) || BackendLease::check_ttl(self, ttl).is_err()
         {
             return None;
         }
         let sent = self
+            .node
             .session
             .known_proof(ttl.saturating_sub(self.delay) / 20)?;
         // Looked at after the proof, as `renew` does.
-        if !ok(&flags.gone) || !ok(&flags.unwatched) || self.session.is_dead() {
+        if !ok(&flags.gone) || !ok(&flags.unwatched) || self.node.session.is_dead() {
             return None;
         }
         Some(Renewal::Renewed {
-            valid_until: self.session.valid_until(sent, ttl),
+            valid_until: self.node.session.valid_until(sent, ttl),
         })
     }
 
@@ -305,33 +316,37 @@ impl BackendLease for ZkLease {
     /// A dropped release may or may not have deleted the node; dropping the
     /// lease then deletes it in the background.
     async fn release(&self) -> Result<Released> {
-        self.flags.released.store(true, Ordering::SeqCst);
+        self.node.flags.released.store(true, Ordering::SeqCst);
         self.task.abort();
-        if self.flags.gone.load(Ordering::SeqCst) {
+        if self.node.flags.gone.load(Ordering::SeqCst) {
             return Ok(Released::NotHeld);
         }
-        let res = delete_node(&self.session, &self.node.path).await;
-        if !self.session.is_dead() {
+        let res = delete_node(&self.node.session, &self.node.path.path).await;
+        if !self.node.session.is_dead() {
             // A creation cut off by a connection loss may have applied late,
             // leaving a second node of ours in the queue: sweep our uuid's
             // nodes (in the background: the release is done).
             spawn_cleanup(
                 "delete late twins of a released lock node",
-                delete_ours(self.session.clone(), self.node.parent(), self.node.prefix()),
+                delete_ours(
+                    self.node.session.clone(),
+                    self.node.path.parent(),
+                    self.node.path.prefix(),
+                ),
             );
         }
         match res {
             Ok(true) => {
-                self.flags.gone.store(true, Ordering::SeqCst);
+                self.node.flags.gone.store(true, Ordering::SeqCst);
                 Ok(Released::Released)
             }
             Ok(false) => {
-                self.flags.gone.store(true, Ordering::SeqCst);
+                self.node.flags.gone.store(true, Ordering::SeqCst);
                 Ok(Released::NotHeld)
             }
-            Err(_) if self.session.is_dead() => {
+            Err(_) if self.node.session.is_dead() => {
                 // The session ended: its ephemeral node went with it.
-                self.flags.gone.store(true, Ordering::SeqCst);
+                self.node.flags.gone.store(true, Ordering::SeqCst);
                 Ok(Released::NotHeld)
             }
             Err(e) => Err(e),
@@ -343,24 +358,28 @@ impl BackendLease for ZkLease {
     /// then. Other leases of this backend on the same session (same ttl)
     /// are lost with it, as they would be in a crash.
     fn abandon(&self) {
-        self.flags.abandoned.store(true, Ordering::SeqCst);
+        self.node.flags.abandoned.store(true, Ordering::SeqCst);
         self.task.abort();
-        self.session.kill("abandoned (as if the process died)");
+        self.node.session.kill("abandoned (as if the process died)");
     }
 }
 
 impl Drop for ZkLease {
     fn drop(&mut self) {
         self.task.abort();
-        if self.flags.gone.load(Ordering::SeqCst)
-            || self.flags.abandoned.load(Ordering::SeqCst)
-            || self.session.is_dead()
+        if self.node.flags.gone.load(Ordering::SeqCst)
+            || self.node.flags.abandoned.load(Ordering::SeqCst)
+            || self.node.session.is_dead()
         {
             return;
         }
         spawn_cleanup(
             "delete the node of a dropped lease",
-            delete_ours(self.session.clone(), self.node.parent(), self.node.prefix()),
+            delete_ours(
+                self.node.session.clone(),
+                self.node.path.parent(),
+                self.node.path.prefix(),
+            ),
         );
     }
 }

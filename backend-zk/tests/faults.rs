@@ -718,6 +718,49 @@ async fn expired_session_fires_lost_and_next_waiter_gets_it(ctx: Ctx) {
     );
 }
 
+/// A session's end reaches every lease on it at once, with no renewal to
+/// notice it (renewal off, a 30 s ttl): ended on the client (one lease
+/// abandoned, as if the process died, ends the session it shares with the
+/// others) and ended by the server (expired). The names stay taken on the
+/// server until it expires the abandoned session: a lease's task deletes
+/// nothing on a dead session.
+async fn a_session_end_raises_every_lease_on_it(ctx: Ctx) {
+    let opts = LockOptions::new().ttl(Duration::from_secs(30)).renew(false);
+    for how in ["abandoned", "expired"] {
+        let b = backend(&ctx).await;
+        let l = Locker::from_arc(b.clone()).with_defaults(opts);
+        let names: Vec<String> = (0..3)
+            .map(|i| ctx.name(&format!("end-{how}-{i}")))
+            .collect();
+        let mut held = Vec::new();
+        for n in &names {
+            held.push(l.try_lock(n).await.expect("try").expect("free"));
+        }
+        let ended = Instant::now();
+        if how == "abandoned" {
+            let first = l.try_lock(&ctx.name(&format!("end-{how}-x"))).await;
+            first.expect("try").expect("free").abandon();
+        } else {
+            assert!(b.expire_sessions().await.expect("expire") >= 1);
+        }
+        for g in &held {
+            tokio::time::timeout(Duration::from_secs(5), g.lost())
+                .await
+                .unwrap_or_else(|_| panic!("{how}: a lease on the session not lost in 5 s"));
+        }
+        println!(
+            "zk: {how} session: every lease lost {:?} after",
+            ended.elapsed()
+        );
+        if how == "abandoned" {
+            let other = Locker::from_arc(backend(&ctx).await);
+            for n in &names {
+                must_not_get(&other, n).await;
+            }
+        }
+    }
+}
+
 /// Lock nodes under `name`'s parent, as the server lists them.
 async fn nodes(ctx: &Ctx, name: &str) -> Vec<String> {
     let parent = lockcore_zk::lock_parent(&cfg(ctx), name);
@@ -1339,6 +1382,7 @@ fn main() -> std::process::ExitCode {
             curator_semaphore_interoperates,
             curator_rwlock_interoperates,
             expired_session_fires_lost_and_next_waiter_gets_it,
+            a_session_end_raises_every_lease_on_it,
         ),
         own_cases!(
             Target::new(
