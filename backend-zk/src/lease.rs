@@ -76,7 +76,7 @@ impl NodePath {
     fn prefix(&self) -> String {
         let prefix = self
             .path
-            .get(self.parent_end as usize + 1..self.prefix_end as usize);
+            .get((self.parent_end as usize).saturating_add(1)..self.prefix_end as usize);
         prefix.unwrap_or(&self.path).to_owned()
     }
 }
@@ -85,6 +85,9 @@ impl NodePath {
 pub(crate) struct ZkLease {
     node: Arc<Node>,
     task: tokio::task::AbortHandle,
+    /// The key of our lost signal among the session's
+    /// ([`Session::on_end_raise`]).
+    signal: usize,
     /// The lock-delay, counted in every renewal's ttl: the holder's own ttl
     /// is the rest.
     delay: Duration,
@@ -108,6 +111,7 @@ impl ZkLease {
         lost: CancellationToken,
         delay: Duration,
     ) -> Self {
+        let signal = session.on_end_raise(&lost);
         let node = Arc::new(Node {
             session,
             path: NodePath::new(&parent, &prefix, path),
@@ -118,7 +122,12 @@ impl ZkLease {
             },
         });
         let task = tokio::spawn(watch_lease(node.clone())).abort_handle();
-        ZkLease { node, task, delay }
+        ZkLease {
+            node,
+            task,
+            signal,
+            delay,
+        }
     }
 }
 
@@ -152,16 +161,15 @@ impl ZkLease {
     }
 }
 
-/// Raises the lost signal when the session ends or our node is deleted by
-/// someone else; deletes our node when the lease is lost on the client side
-/// (validity deadline passed), so the next waiter gets it. The session's
-/// end reaches every lease on it through its watch, which the client ends
-/// then: setting it again fails on the ended session, and raises lost.
+/// Raises the lost signal when our node is deleted by someone else (the
+/// session raises it when the session ends: [`Session::on_end_raise`]);
+/// deletes our node when the lease is lost on the client side (validity
+/// deadline passed), so the next waiter gets it.
 ///
 /// A held lease's task waits here for the whole hold, one per lease: its
-/// future keeps each argument once (an async block, not an async fn's
-/// arguments and their copies) and, while it waits, only the watch and the
-/// lost signal (the setting of the watch is a future of its own).
+/// future keeps one pointer (an async block, not an async fn's argument
+/// and its copy) and, while it waits, only the watch and the lost signal
+/// (the setting of the watch is a future of its own).
 #[allow(clippy::manual_async_fn)] // an async fn would keep its argument twice
 fn watch_lease(node: Arc<Node>) -> impl Future<Output = ()> + Send + 'static {
     async move {
@@ -179,9 +187,9 @@ fn watch_lease(node: Arc<Node>) -> impl Future<Output = ()> + Send + 'static {
                 }
                 _ = node.lost.cancelled() => {
                     let flags = &node.flags;
-                    // Lost with its session (abandoned, or expired and seen
-                    // by a renewal first): an ended session deletes
-                    // nothing, the server deletes the node as it expires it.
+                    // Lost with its session (raised by its end): an ended
+                    // session deletes nothing, the server deletes the node
+                    // as it expires the session.
                     let ended = node.session.is_dead();
                     if !ended && !flags.abandoned.load(Ordering::SeqCst) && !flags.released.load(Ordering::SeqCst) {
                         // Lost on the client's clock: free the name on the server.
@@ -367,6 +375,7 @@ impl BackendLease for ZkLease {
 impl Drop for ZkLease {
     fn drop(&mut self) {
         self.task.abort();
+        self.node.session.forget_lost(self.signal);
         if self.node.flags.gone.load(Ordering::SeqCst)
             || self.node.flags.abandoned.load(Ordering::SeqCst)
             || self.node.session.is_dead()

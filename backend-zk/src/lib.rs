@@ -161,6 +161,7 @@ mod listing;
 mod nodes;
 mod recipe;
 mod session;
+mod signals;
 mod wait;
 
 pub use config::{AclMode, ZkConfig, NAME, SCHEMES};

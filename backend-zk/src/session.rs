@@ -19,6 +19,7 @@ use zookeeper_client as zk;
 
 use crate::config::{ZkConfig, NAME};
 use crate::error::{is_connection_error, map_err};
+use crate::signals::LostSignals;
 
 /// How long a request that failed on its connection waits, at most, for
 /// the client's state to move before it is retried.
@@ -30,6 +31,8 @@ struct Shared {
     client: Mutex<Option<zk::Client>>,
     dead: CancellationToken,
     reason: OnceLock<&'static str>,
+    /// The lost signals of the leases on the session, raised when it ends.
+    lost: LostSignals,
 }
 
 impl Shared {
@@ -44,6 +47,8 @@ impl Shared {
             .take();
         drop(client);
         self.dead.cancel();
+        // After `dead`: a lease woken by its signal sees the session ended.
+        self.lost.raise();
     }
 }
 
@@ -141,6 +146,7 @@ impl Session {
             client: Mutex::new(Some(client)),
             dead: CancellationToken::new(),
             reason: OnceLock::new(),
+            lost: LostSignals::default(),
         });
         // Lost after being disconnected for about the session timeout: the
         // server may expire the session `timeout` after it last heard from
@@ -238,6 +244,18 @@ impl Session {
         let proof = self.proof.try_lock().ok()?;
         let sent = (*proof)?;
         (!self.is_dead() && sent + max_age >= Instant::now()).then_some(sent)
+    }
+
+    /// Raises `lost` when the session ends (at once if it has): one event
+    /// for every lease on the session. Returns the key to
+    /// [`forget_lost`](Session::forget_lost) it by once the lease ends.
+    pub(crate) fn on_end_raise(&self, lost: &CancellationToken) -> usize {
+        self.shared.lost.add(lost)
+    }
+
+    /// Forgets the lost signal added under `key`.
+    pub(crate) fn forget_lost(&self, key: usize) {
+        self.shared.lost.remove(key);
     }
 
     /// Resolves when the session ends.

@@ -761,6 +761,48 @@ async fn a_session_end_raises_every_lease_on_it(ctx: Ctx) {
     }
 }
 
+/// A session the client gives up on a server gone for about the session
+/// timeout reaches every lease on it then, with no renewal to notice it
+/// (renewal off). The server is killed, so the connection is refused at
+/// once and the client counts from then, less its connection timeout (10
+/// s here): the session is given up 20 s after the kill, 10 s before the
+/// leases' validity deadlines. The client still keeps their node watches
+/// (it waits to reconnect), so the session itself raises them.
+async fn a_session_given_up_raises_every_lease_on_it(ctx: Ctx) {
+    let ttl = Duration::from_secs(30);
+    let opts = LockOptions::new().ttl(ttl).renew(false);
+    let mut config = cfg(&ctx);
+    config.connection_timeout = Duration::from_secs(10);
+    let b = ZkBackend::connect(config).await.expect("connect");
+    let l = Locker::from_arc(Arc::new(b)).with_defaults(opts);
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let n = ctx.name(&format!("given-up-{i}"));
+        held.push(l.try_lock(&n).await.expect("try").expect("free"));
+    }
+    let deadline = held[0].valid_until().expect("held");
+    let _start = UndoOnDrop::new("start", &["zk"]);
+    let killed = Instant::now();
+    compose("kill", "zk").await;
+    for g in &held {
+        tokio::time::timeout(ttl, g.lost())
+            .await
+            .expect("lost while the server is gone");
+    }
+    let lost_at = Instant::now();
+    compose("start", "zk").await;
+    println!(
+        "zk: server gone, every lease lost {:?} after the kill, {:?} before its validity deadline",
+        lost_at - killed,
+        deadline.saturating_duration_since(lost_at)
+    );
+    assert!(
+        lost_at + Duration::from_secs(5) < deadline,
+        "lost {:?} after the kill: by the validity deadline, not when the session was given up",
+        lost_at - killed
+    );
+}
+
 /// Lock nodes under `name`'s parent, as the server lists them.
 async fn nodes(ctx: &Ctx, name: &str) -> Vec<String> {
     let parent = lockcore_zk::lock_parent(&cfg(ctx), name);
@@ -1383,6 +1425,7 @@ fn main() -> std::process::ExitCode {
             curator_rwlock_interoperates,
             expired_session_fires_lost_and_next_waiter_gets_it,
             a_session_end_raises_every_lease_on_it,
+            a_session_given_up_raises_every_lease_on_it,
         ),
         own_cases!(
             Target::new(
