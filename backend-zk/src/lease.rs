@@ -1,9 +1,10 @@
 //! A held lock: our node on our session, watched so that the lost signal
-//! fires when the session ends or the node is deleted by someone else.
+//! fires when the node is deleted by someone else (the session raises it
+//! when the session ends).
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,8 +87,8 @@ pub(crate) struct ZkLease {
     node: Arc<Node>,
     task: tokio::task::AbortHandle,
     /// The key of our lost signal among the session's
-    /// ([`Session::on_end_raise`]).
-    signal: usize,
+    /// ([`Session::on_end_raise`]); `usize::MAX` once taken out.
+    signal: AtomicUsize,
     /// The lock-delay, counted in every renewal's ttl: the holder's own ttl
     /// is the rest.
     delay: Duration,
@@ -125,13 +126,21 @@ impl ZkLease {
         ZkLease {
             node,
             task,
-            signal,
+            signal: AtomicUsize::new(signal),
             delay,
         }
     }
 }
 
 impl ZkLease {
+    /// Takes our lost signal out of the session's (once).
+    fn forget_signal(&self) {
+        let key = self.signal.swap(usize::MAX, Ordering::SeqCst);
+        if key != usize::MAX {
+            self.node.session.forget_lost(key);
+        }
+    }
+
     /// A renewal that reads our node itself: it exists on our live session.
     ///
     /// # Cancel safety
@@ -326,6 +335,8 @@ impl BackendLease for ZkLease {
     async fn release(&self) -> Result<Released> {
         self.node.flags.released.store(true, Ordering::SeqCst);
         self.task.abort();
+        // A released lease is not lost by its session's end.
+        self.forget_signal();
         if self.node.flags.gone.load(Ordering::SeqCst) {
             return Ok(Released::NotHeld);
         }
@@ -368,6 +379,9 @@ impl BackendLease for ZkLease {
     fn abandon(&self) {
         self.node.flags.abandoned.store(true, Ordering::SeqCst);
         self.task.abort();
+        // Lost by its holder's abandon, which says why, not by the end of
+        // the session it takes down.
+        self.forget_signal();
         self.node.session.kill("abandoned (as if the process died)");
     }
 }
@@ -375,7 +389,7 @@ impl BackendLease for ZkLease {
 impl Drop for ZkLease {
     fn drop(&mut self) {
         self.task.abort();
-        self.node.session.forget_lost(self.signal);
+        self.forget_signal();
         if self.node.flags.gone.load(Ordering::SeqCst)
             || self.node.flags.abandoned.load(Ordering::SeqCst)
             || self.node.session.is_dead()

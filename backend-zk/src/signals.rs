@@ -53,8 +53,7 @@ impl LostSignals {
 
     /// Raises every signal added, and any added later.
     pub(crate) fn raise(&self) {
-        // Raised outside the lock: a raised signal's waiters may add or
-        // remove others.
+        // Raised outside the lock, which is kept short.
         let taken = self.lock().take();
         for (_, lost) in taken.into_iter().flatten() {
             lost.cancel();
