@@ -21,8 +21,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::masters;
 use lockcore::options::{LockOptions, Wait};
 use lockcore::testing::bench as workload;
 use redis::aio::MultiplexedConnection;
@@ -209,17 +212,6 @@ async fn ours(url: &str, ns: &str, stats: &mut [MultiplexedConnection]) -> Phase
     phase
 }
 
-/// The `redis://host:port` of each master a lockcore Redis URL names (as
-/// `benches/redis.rs` reads them).
-fn servers(url: &str) -> Vec<String> {
-    lockcore::raw::address::ServerUrl::parse(url, 6379)
-        .expect("a redis URL")
-        .hosts
-        .iter()
-        .map(|h| format!("redis://{h}"))
-        .collect()
-}
-
 fn main() {
     let url =
         std::env::var("LOCKTEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:16379".into());
@@ -235,7 +227,7 @@ fn main() {
         println!("| backend | lockcore | floor: the same calls, redis crate alone | CPU ratio (of the sums) |");
         println!("|---|---|---|---|");
         for (label, url) in urls {
-            let masters = servers(&url);
+            let masters = masters(&url);
             let mut stats = Vec::new();
             for s in &masters {
                 let client = redis::Client::open(s.as_str()).expect("client");

@@ -28,10 +28,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::masters;
 use lockcore::testing::bench as workload;
 
 const RUN: Duration = Duration::from_secs(4);
@@ -186,16 +189,6 @@ async fn rslock_handoffs(
     let mut v = samples.lock().unwrap().clone();
     v.sort();
     v
-}
-
-/// The `redis://host:port` of each master a lockcore Redis URL names.
-fn masters(url: &str) -> Vec<String> {
-    lockcore::raw::address::ServerUrl::parse(url, 6379)
-        .expect("a redis URL")
-        .hosts
-        .iter()
-        .map(|h| format!("redis://{h}"))
-        .collect()
 }
 
 fn main() {
