@@ -4,8 +4,9 @@
 //! server is gone, which the client waits to reconnect to), and no lease's
 //! task keeps a wait of its own on the session.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
+use lockcore::raw::sync::lock;
 use slab::Slab;
 use tokio_util::sync::CancellationToken;
 
@@ -24,15 +25,11 @@ impl Default for LostSignals {
 }
 
 impl LostSignals {
-    fn lock(&self) -> MutexGuard<'_, Option<Slab<CancellationToken>>> {
-        self.signals.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Adds a lease's lost signal, raised with the others; raised at once
     /// when they were raised already. Returns its key for
     /// [`remove`](LostSignals::remove).
     pub(crate) fn add(&self, lost: &CancellationToken) -> usize {
-        let mut signals = self.lock();
+        let mut signals = lock(&self.signals);
         match signals.as_mut() {
             Some(slab) => slab.insert(lost.clone()),
             None => {
@@ -46,7 +43,7 @@ impl LostSignals {
     /// Removes the signal added under `key` (a lease that ended); once
     /// they were raised, there is nothing to remove.
     pub(crate) fn remove(&self, key: usize) {
-        if let Some(slab) = self.lock().as_mut() {
+        if let Some(slab) = lock(&self.signals).as_mut() {
             slab.try_remove(key);
         }
     }
@@ -54,7 +51,7 @@ impl LostSignals {
     /// Raises every signal added, and any added later.
     pub(crate) fn raise(&self) {
         // Raised outside the lock, which is kept short.
-        let taken = self.lock().take();
+        let taken = lock(&self.signals).take();
         for (_, lost) in taken.into_iter().flatten() {
             lost.cancel();
         }
