@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use lockcore::raw::batch::{Batches, Waiting};
-use lockcore::raw::{validity_deadline, Renewal, Renewing};
+use lockcore::raw::{validity_deadline, Answers, Renewal, Renewing};
 use redis::RedisResult;
 use tokio::sync::oneshot;
 
@@ -93,12 +93,8 @@ enum Reply {
     /// To the future of [`Renewals::renew`].
     Wait(oneshot::Sender<RedisResult<i64>>),
     /// To the watchdog ([`Renewals::renew_then`]), as a lease's renewal
-    /// with `ttl`, sent at `sent`.
-    Lease {
-        done: Renewing,
-        sent: Instant,
-        ttl: Duration,
-    },
+    /// with `ttl` (counted from when `done` was asked).
+    Lease { done: Renewing, ttl: Duration },
     /// To a renewal on several servers ([`Renewals::renew_part`]).
     Part(PartOf),
 }
@@ -107,11 +103,12 @@ enum Reply {
 /// told each server's reply by the server's place in its list.
 pub(crate) trait Round: Send + Sync {
     /// Server `at` replied; `Err` also for a renewal never sent there, or
-    /// not answered by [`until`](Round::until).
-    fn answer(&self, at: usize, reply: RedisResult<i64>);
-    /// The round no longer needs the servers' replies: renewals not yet
-    /// sent are left out.
-    fn gave_up(&self) -> bool;
+    /// not answered by [`until`](Round::until). Among `answers`, the
+    /// other renewals its reply answered.
+    fn answer(&self, at: usize, reply: RedisResult<i64>, answers: &mut Answers);
+    /// The round no longer needs the servers' replies (as seen at `now`):
+    /// renewals not yet sent are left out.
+    fn gave_up(&self, now: Instant) -> bool;
     /// Past this instant the round takes no reply: its part in a call
     /// still out is answered then as none (and the connection checked),
     /// while the call goes on for the rest.
@@ -126,14 +123,14 @@ pub(crate) struct PartOf {
 }
 
 impl PartOf {
-    fn answer(mut self, reply: RedisResult<i64>) {
-        self.answer_now(reply);
+    fn answer(mut self, reply: RedisResult<i64>, answers: &mut Answers) {
+        self.answer_now(reply, answers);
     }
 
     /// Answers the round, if not yet; later answers are dropped.
-    fn answer_now(&mut self, reply: RedisResult<i64>) {
+    fn answer_now(&mut self, reply: RedisResult<i64>, answers: &mut Answers) {
         if let Some(round) = self.round.take() {
-            round.answer(self.at, reply);
+            round.answer(self.at, reply, answers);
         }
     }
 }
@@ -153,6 +150,7 @@ fn next_limit(batch: &[Renew]) -> Option<Instant> {
 /// Answers the parts in `batch` whose round's limit passed by `now` as
 /// no reply; the rest wait for the call.
 fn expire_parts(batch: &mut [Renew], now: Instant) {
+    let mut answers = Answers::new();
     for r in batch {
         if let Reply::Part(part) = &mut r.reply {
             if part
@@ -160,10 +158,13 @@ fn expire_parts(batch: &mut [Renew], now: Instant) {
                 .as_ref()
                 .is_some_and(|round| round.until() <= now)
             {
-                part.answer_now(Err(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no reply within the per-server limit",
-                ))));
+                part.answer_now(
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "no reply within the per-server limit",
+                    ))),
+                    &mut answers,
+                );
             }
         }
     }
@@ -178,6 +179,7 @@ impl Drop for PartOf {
                     redis::ErrorKind::Io,
                     "the renewal was not sent",
                 ))),
+                &mut Answers::new(),
             );
         }
     }
@@ -185,30 +187,38 @@ impl Drop for PartOf {
 
 impl Waiting for Renew {
     fn gave_up(&self) -> bool {
+        self.gave_up_at(Instant::now())
+    }
+
+    fn gave_up_at(&self, now: Instant) -> bool {
         match &self.reply {
             Reply::Wait(tx) => tx.is_closed(),
-            Reply::Lease { done, .. } => done.is_stale(),
-            Reply::Part(part) => part.round.as_ref().is_none_or(|r| r.gave_up()),
+            Reply::Lease { done, .. } => done.is_stale_at(now),
+            Reply::Part(part) => part.round.as_ref().is_none_or(|r| r.gave_up(now)),
         }
     }
 }
 
 impl Renew {
-    /// Answers the renewal with the server's `answer` on `server`.
-    fn answer(self, answer: RedisResult<i64>, server: &str) {
+    /// Answers the renewal with the server's `answer` on `server`, among
+    /// `answers` (the other renewals of its call).
+    fn answer(self, answer: RedisResult<i64>, server: &str, answers: &mut Answers) {
         match self.reply {
             Reply::Wait(tx) => {
                 let _ = tx.send(answer);
             }
-            Reply::Lease { done, sent, ttl } => done.answer(match answer {
-                Ok(1) => Ok(Renewal::Renewed {
-                    valid_until: validity_deadline(sent, ttl),
-                }),
-                // Gone (-1) and another owner's (0) are both lost here.
-                Ok(_) => Ok(Renewal::Lost),
-                Err(e) => Err(map_err(e, RENEWING, server, true)),
-            }),
-            Reply::Part(part) => part.answer(answer),
+            Reply::Lease { done, ttl } => {
+                let outcome = match answer {
+                    Ok(1) => Ok(Renewal::Renewed {
+                        valid_until: validity_deadline(done.sent(), ttl),
+                    }),
+                    // Gone (-1) and another owner's (0) are both lost here.
+                    Ok(_) => Ok(Renewal::Lost),
+                    Err(e) => Err(map_err(e, RENEWING, server, true)),
+                };
+                done.answer_with(outcome, answers);
+            }
+            Reply::Part(part) => part.answer(answer, answers),
         }
     }
 }
@@ -281,11 +291,7 @@ impl Renewals {
         self.send(Renew {
             lease: lease.clone(),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
-            reply: Reply::Lease {
-                done,
-                sent: Instant::now(),
-                ttl,
-            },
+            reply: Reply::Lease { done, ttl },
         });
     }
 
@@ -388,10 +394,11 @@ async fn renew_call(conn: &Conn, batch: Vec<Renew>, server: &str) -> Option<Vec<
             }
         }
     };
+    let mut given = Answers::new();
     match result {
         Ok(answers) if answers.len() == batch.len() => {
             for (r, n) in batch.into_iter().zip(answers) {
-                r.answer(Ok(n), server);
+                r.answer(Ok(n), server, &mut given);
             }
         }
         Ok(answers) => {
@@ -401,7 +408,7 @@ async fn renew_call(conn: &Conn, batch: Vec<Renew>, server: &str) -> Option<Vec<
                 format!("{} answers to {} renewals", answers.len(), batch.len()),
             ));
             for r in batch {
-                r.answer(Err(e.clone()), server);
+                r.answer(Err(e.clone()), server, &mut given);
             }
         }
         Err(e)
@@ -412,7 +419,7 @@ async fn renew_call(conn: &Conn, batch: Vec<Renew>, server: &str) -> Option<Vec<
         }
         Err(e) => {
             for r in batch {
-                r.answer(Err(e.clone()), server);
+                r.answer(Err(e.clone()), server, &mut given);
             }
         }
     }

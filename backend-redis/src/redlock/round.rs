@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::raw::prelude::*;
 use lockcore::raw::sync::lock;
-use lockcore::raw::Renewing;
+use lockcore::raw::{Answers, Renewing};
 use redis::RedisResult;
 
 use super::quorum::{on_each, Ask, Call, Instance, Straggling};
@@ -93,7 +93,7 @@ impl QuorumRound {
         retakes: Arc<Retakes>,
     ) -> Arc<QuorumRound> {
         Arc::new(QuorumRound {
-            sent: Instant::now(),
+            sent: done.sent(),
             valid_until: done.valid_until(),
             masters: instances.len(),
             ttl,
@@ -109,12 +109,12 @@ impl QuorumRound {
         })
     }
 
-    /// The outcome the replies in `c` settle, if they do.
-    fn outcome(&self, c: &Counts) -> Option<Result<Renewal>> {
+    /// The outcome the replies in `c` settle at `now`, if they do.
+    fn outcome(&self, c: &Counts, now: Instant) -> Option<Result<Renewal>> {
         let n = self.masters;
         if c.renewed >= self.quorum {
             let valid_until = validity_deadline(self.sent, self.ttl);
-            return Some(if Instant::now() < valid_until {
+            return Some(if now < valid_until {
                 Ok(Renewal::Renewed { valid_until })
             } else {
                 Err(Error::unavailable(
@@ -170,8 +170,9 @@ impl QuorumRound {
 }
 
 impl Round for QuorumRound {
-    fn answer(&self, at: usize, reply: RedisResult<i64>) {
-        let late = self.sent.elapsed() > self.limit;
+    fn answer(&self, at: usize, reply: RedisResult<i64>, answers: &mut Answers) {
+        let now = answers.now();
+        let late = now.saturating_duration_since(self.sent) > self.limit;
         let (answer, retake) = {
             let mut c = lock(&self.counts);
             c.replied += 1;
@@ -183,7 +184,7 @@ impl Round for QuorumRound {
                 _ => {}
             }
             let answer = match c.done.is_some() {
-                true => self.outcome(&c),
+                true => self.outcome(&c, now),
                 false => None,
             };
             if matches!(answer, Some(Ok(Renewal::Renewed { .. }))) {
@@ -200,12 +201,11 @@ impl Round for QuorumRound {
             self.retake(&retake);
         }
         if let Some((done, answer)) = answer {
-            done.answer(answer);
+            done.answer_with(answer, answers);
         }
     }
 
-    fn gave_up(&self) -> bool {
-        let now = Instant::now();
+    fn gave_up(&self, now: Instant) -> bool {
         now > self.sent + self.limit || now >= self.valid_until
     }
 
@@ -248,30 +248,30 @@ mod tests {
     #[test]
     fn a_majority_renewed_answers_without_waiting_for_the_rest() {
         let (r, rx) = round(Duration::from_secs(1));
-        r.answer(0, Ok(1));
+        r.answer(0, Ok(1), &mut Answers::new());
         assert!(rx.try_recv().is_err(), "answered after one of three");
-        r.answer(2, Ok(1));
+        r.answer(2, Ok(1), &mut Answers::new());
         let got = rx.try_recv().expect("answered after two of three");
         assert!(matches!(got, Some(Ok(Renewal::Renewed { .. }))), "{got:?}");
         // The last reply changes nothing, and answers nothing twice.
-        r.answer(1, Ok(0));
+        r.answer(1, Ok(0), &mut Answers::new());
         assert!(rx.try_recv().is_err());
     }
 
     #[test]
     fn too_many_refusals_are_lost_and_too_few_answers_unavailable() {
         let (r, rx) = round(Duration::from_secs(1));
-        r.answer(0, Ok(0));
-        r.answer(1, Ok(-1));
+        r.answer(0, Ok(0), &mut Answers::new());
+        r.answer(1, Ok(-1), &mut Answers::new());
         assert!(rx.try_recv().is_err(), "decided on one refusal");
-        r.answer(2, Ok(0));
+        r.answer(2, Ok(0), &mut Answers::new());
         assert!(matches!(rx.try_recv(), Ok(Some(Ok(Renewal::Lost)))));
 
         let (r, rx) = round(Duration::from_secs(1));
-        r.answer(0, Ok(1));
-        r.answer(1, io());
+        r.answer(0, Ok(1), &mut Answers::new());
+        r.answer(1, io(), &mut Answers::new());
         assert!(rx.try_recv().is_err());
-        r.answer(2, Ok(0));
+        r.answer(2, Ok(0), &mut Answers::new());
         let got = rx.try_recv().expect("answered once all replied");
         let e = got.expect("an answer").expect_err("not renewed");
         assert_eq!(e.kind(), ErrorKind::Unavailable);
@@ -281,10 +281,10 @@ mod tests {
     #[test]
     fn a_missing_key_is_no_renewal() {
         let (r, rx) = round(Duration::from_secs(1));
-        r.answer(0, Ok(1));
-        r.answer(1, Ok(-1));
+        r.answer(0, Ok(1), &mut Answers::new());
+        r.answer(1, Ok(-1), &mut Answers::new());
         assert!(rx.try_recv().is_err(), "decided on a missing key");
-        r.answer(2, Ok(1));
+        r.answer(2, Ok(1), &mut Answers::new());
         assert!(matches!(
             rx.try_recv(),
             Ok(Some(Ok(Renewal::Renewed { .. })))
@@ -292,7 +292,7 @@ mod tests {
 
         let (r, rx) = round(Duration::from_secs(1));
         for (at, n) in [(0, 1), (1, -1), (2, -1)] {
-            r.answer(at, Ok(n));
+            r.answer(at, Ok(n), &mut Answers::new());
         }
         let e = rx.try_recv().expect("answered").expect("an answer");
         assert_eq!(e.expect_err("renewed").kind(), ErrorKind::Unavailable);
@@ -315,8 +315,8 @@ mod tests {
         );
         Arc::get_mut(&mut r).expect("one reference").masters = 3;
         std::thread::sleep(Duration::from_millis(5));
-        r.answer(0, Ok(1));
-        r.answer(1, Ok(1));
+        r.answer(0, Ok(1), &mut Answers::new());
+        r.answer(1, Ok(1), &mut Answers::new());
         let e = rx.try_recv().expect("answered").expect("an answer");
         let e = e.expect_err("renewed past its own validity");
         assert!(e.to_string().contains("only after the validity"), "{e}");
@@ -326,9 +326,9 @@ mod tests {
     fn replies_after_the_limit_count_as_none() {
         let (r, rx) = round(Duration::ZERO);
         std::thread::sleep(Duration::from_millis(2));
-        assert!(r.gave_up());
+        assert!(r.gave_up(Instant::now()));
         for at in 0..3 {
-            r.answer(at, Ok(1));
+            r.answer(at, Ok(1), &mut Answers::new());
         }
         let got = rx.try_recv().expect("answered once all replied");
         let e = got.expect("an answer").expect_err("late replies renewed");

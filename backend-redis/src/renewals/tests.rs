@@ -15,10 +15,10 @@ impl Default for Told {
 }
 
 impl Round for Told {
-    fn answer(&self, at: usize, reply: RedisResult<i64>) {
+    fn answer(&self, at: usize, reply: RedisResult<i64>, _: &mut Answers) {
         self.0.lock().unwrap().push((at, reply.is_ok()));
     }
-    fn gave_up(&self) -> bool {
+    fn gave_up(&self, _: Instant) -> bool {
         false
     }
     fn until(&self) -> Instant {
@@ -92,7 +92,7 @@ fn parts_past_their_limit_are_answered_and_the_rest_wait() {
     assert_eq!(next_limit(&batch), Some(now + Duration::from_secs(1)));
     // The call's answer reaches the rest, and not the part answered.
     for r in batch {
-        r.answer(Ok(1), "server");
+        r.answer(Ok(1), "server", &mut Answers::new());
     }
     assert_eq!(past.0.lock().unwrap().len(), 1);
     assert_eq!(*later.0.lock().unwrap(), vec![(1, true)]);
@@ -108,7 +108,7 @@ fn a_part_is_told_once_answered_or_dropped() {
         round: Some(told.clone() as Arc<dyn Round>),
         at,
     };
-    part(0).answer(Ok(1));
+    part(0).answer(Ok(1), &mut Answers::new());
     drop(part(1));
     assert_eq!(*told.0.lock().unwrap(), vec![(0, true), (1, false)]);
 }

@@ -11,7 +11,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, Semaphore};
@@ -100,6 +100,14 @@ pub trait Waiting: Send + 'static {
     /// Whether nobody waits for the answer any more (a dropped renewal):
     /// such requests are left out of the next call.
     fn gave_up(&self) -> bool;
+
+    /// [`gave_up`](Waiting::gave_up) with the clock read at `now` by the
+    /// caller, once for many requests: for a request whose asker gives up
+    /// at a deadline. The default ignores `now`.
+    fn gave_up_at(&self, now: Instant) -> bool {
+        let _ = now;
+        self.gave_up()
+    }
 }
 
 /// Requests asked within a window, sent together: at most
@@ -225,7 +233,8 @@ async fn run<T, C, Fut>(
             tokio::time::sleep(window).await;
             take_queued(&mut rx, &mut batch, most);
         }
-        batch.retain(|c| !c.gave_up());
+        let now = crate::raw::now();
+        batch.retain(|c| !c.gave_up_at(now));
         if batch.is_empty() {
             continue;
         }
@@ -240,9 +249,10 @@ async fn run<T, C, Fut>(
 /// Moves queued requests into `batch`, up to `most`, dropping those whose
 /// asker gave up.
 fn take_queued<T: Waiting>(rx: &mut mpsc::UnboundedReceiver<T>, batch: &mut Vec<T>, most: usize) {
+    let now = crate::raw::now();
     while batch.len() < most {
         match rx.try_recv() {
-            Ok(c) if c.gave_up() => {}
+            Ok(c) if c.gave_up_at(now) => {}
             Ok(c) => batch.push(c),
             Err(_) => break,
         }

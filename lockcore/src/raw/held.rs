@@ -47,6 +47,9 @@ pub(crate) struct Held {
     renewing: tokio::sync::Semaphore,
     /// The backend has not refused `renew_then` for this lease.
     then: AtomicBool,
+    /// Its last renewal went by `renew_then`: it stays in the queue at its
+    /// deadline while the next one is out (see `Watched::while_checked`).
+    then_out: AtomicBool,
     failures: AtomicU32,
     ttl: Mutex<Duration>,
     /// The lock-delay: the server keeps the lease this long beyond the
@@ -113,6 +116,7 @@ impl Held {
             watchdog,
             renewing: tokio::sync::Semaphore::new(1),
             then: AtomicBool::new(true),
+            then_out: AtomicBool::new(false),
             failures: AtomicU32::new(0),
             ttl: Mutex::new(ttl),
             delay,
@@ -374,20 +378,21 @@ impl Held {
         let deadline = self.valid_until();
         let outcome =
             tokio::time::timeout_at(deadline.into(), self.lease.renew(use_ttl + self.delay)).await;
-        self.settle(sent, ttl, outcome)
+        self.settle(sent, crate::raw::now(), ttl, outcome)
     }
 
     /// Applies the outcome of a renewal sent at `sent` (`Err`: no answer
-    /// by the validity deadline), with `ttl` from then on if given; under
-    /// the renewal turn. Returns `sent` when renewed.
+    /// by the validity deadline), come at `now`, with `ttl` from then on if
+    /// given; under the renewal turn. Returns `sent` when renewed.
     fn settle<E>(
         &self,
         sent: Instant,
+        now: Instant,
         ttl: Option<Duration>,
         outcome: std::result::Result<Result<Renewal>, E>,
     ) -> Result<Instant> {
         let use_ttl = ttl.unwrap_or_else(|| self.ttl());
-        self.renewed(sent, &outcome);
+        self.renewed(sent, now, &outcome);
         if !matches!(outcome, Ok(Ok(_))) {
             // The request may have applied: a shorter ttl may then have
             // shortened the lease on the server. Count it valid no longer
@@ -400,9 +405,7 @@ impl Held {
                 if !self.lost.is_cancelled() {
                     // No instant as early as the deadline less the delay
                     // (a clock that starts near zero): nothing is valid.
-                    *lock(&self.valid_until) = valid_until
-                        .checked_sub(self.delay)
-                        .unwrap_or_else(crate::raw::now);
+                    *lock(&self.valid_until) = valid_until.checked_sub(self.delay).unwrap_or(now);
                     if let Some(t) = ttl {
                         *lock(&self.ttl) = t;
                     }

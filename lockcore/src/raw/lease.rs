@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::raw::{Renewal, Renewing};
 
 /// A lease granted by the backend.
 #[derive(Debug)]
@@ -32,18 +33,6 @@ pub enum AllOrNone {
     /// The backend cannot take these names in one request (the default):
     /// nothing was sent.
     Unsupported,
-}
-
-/// The outcome of a renewal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Renewal {
-    /// Renewed; the lease is now valid until this instant.
-    Renewed {
-        /// The new validity deadline (send time of the request + ttl − drift).
-        valid_until: Instant,
-    },
-    /// The server no longer holds this lease for this owner.
-    Lost,
 }
 
 /// The outcome of a release.
@@ -158,93 +147,4 @@ pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
     /// connection is dropped without a goodbye). Used by
     /// [`LockGuard::abandon`](crate::guard::LockGuard::abandon).
     fn abandon(&self) {}
-}
-
-/// A renewal started by [`BackendLease::renew_then`]: answer it once with
-/// [`answer`](Renewing::answer). Dropped unanswered (a backend's task that
-/// ended), it answers that the renewal failed, with
-/// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable): the watchdog
-/// retries while the lease is valid.
-pub struct Renewing {
-    /// The lease's validity deadline when the renewal was asked.
-    until: Instant,
-    answer: Option<Answer>,
-}
-
-/// Where a [`Renewing`]'s answer goes: `None` when it was dropped
-/// unanswered.
-type Answer = Box<dyn FnOnce(Option<Result<Renewal>>) + Send>;
-
-impl fmt::Debug for Renewing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Renewing")
-            .field("answered", &self.answer.is_none())
-            .finish()
-    }
-}
-
-impl Renewing {
-    /// A renewal of a lease valid until `until`, answered by `answer`:
-    /// `Some` with the backend's answer, `None` when it was dropped
-    /// unanswered. The watchdog makes these; a backend's own tests may
-    /// too.
-    ///
-    /// ```
-    /// use std::sync::mpsc;
-    /// use std::time::{Duration, Instant};
-    /// use lockcore::raw::{Renewal, Renewing};
-    ///
-    /// let (tx, rx) = mpsc::channel();
-    /// let until = Instant::now() + Duration::from_secs(3);
-    /// let done = Renewing::new(until, move |answer| {
-    ///     let _ = tx.send(answer.map(|a| a.is_ok()));
-    /// });
-    /// assert!(!done.is_stale());
-    /// done.answer(Ok(Renewal::Lost));
-    /// assert_eq!(rx.recv().unwrap(), Some(true));
-    /// drop(Renewing::new(until, |answer| assert!(answer.is_none())));
-    /// ```
-    pub fn new(
-        until: Instant,
-        answer: impl FnOnce(Option<Result<Renewal>>) + Send + 'static,
-    ) -> Self {
-        Renewing {
-            until,
-            answer: Some(Box::new(answer)),
-        }
-    }
-
-    /// The lease's validity deadline when the renewal was asked.
-    pub fn valid_until(&self) -> Instant {
-        self.until
-    }
-
-    /// Whether the lease's validity deadline (as it was when the renewal
-    /// was asked) has passed: the lease is lost by then, and a renewal not
-    /// yet sent is better left out (dropped, or answered with an error).
-    pub fn is_stale(&self) -> bool {
-        crate::raw::now() >= self.until
-    }
-
-    /// Answers the renewal with what [`BackendLease::renew`] would have
-    /// returned.
-    pub fn answer(mut self, outcome: Result<Renewal>) {
-        if let Some(answer) = self.answer.take() {
-            answer(Some(outcome));
-        }
-    }
-
-    /// Takes the renewal back unstarted: nothing is answered (the answer
-    /// is dropped uncalled).
-    pub(crate) fn unsent(mut self) {
-        self.answer = None;
-    }
-}
-
-impl Drop for Renewing {
-    fn drop(&mut self) {
-        if let Some(answer) = self.answer.take() {
-            answer(None);
-        }
-    }
 }

@@ -21,6 +21,7 @@ pub mod batch;
 pub(crate) mod held;
 pub mod held_conn;
 mod lease;
+mod renewing;
 mod request;
 pub mod retry;
 pub mod sync;
@@ -30,7 +31,8 @@ pub(crate) mod watchdog;
 
 pub use async_trait::async_trait;
 pub use backend::Backend;
-pub use lease::{AllOrNone, BackendLease, Grant, Released, Renewal, Renewing};
+pub use lease::{AllOrNone, BackendLease, Grant, Released};
+pub use renewing::{Answers, Renewal, Renewing};
 pub use request::{AcquireRequest, Deadline, Mode, OwnerToken};
 pub(crate) use time::drift_allowance;
 pub use time::{now, validity_deadline, whole_seconds, within};
@@ -44,8 +46,8 @@ pub mod prelude {
     pub use tokio_util::sync::CancellationToken;
 
     pub use super::{
-        now, validity_deadline, waiting, whole_seconds, within, AcquireRequest, AllOrNone, Backend,
-        BackendLease, Deadline, Grant, Mode, OwnerToken, Released, Renewal, Renewing,
+        now, validity_deadline, waiting, whole_seconds, within, AcquireRequest, AllOrNone, Answers,
+        Backend, BackendLease, Deadline, Grant, Mode, OwnerToken, Released, Renewal, Renewing,
     };
     pub use crate::capabilities::{Capabilities, Fencing, Layout, LeaseKind, LockDelay};
     pub use crate::cleanup::{spawn_cleanup, CleanupOnDrop};

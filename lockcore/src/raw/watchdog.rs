@@ -78,6 +78,16 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn check_now(self: Arc<Self>) -> Option<Option<Instant>> {
         None
     }
+    /// Where it stays in the queue while its check runs, put there as it
+    /// comes due (under the queue's lock, with the others due then):
+    /// `Some` for a check whose answer comes later from elsewhere, which
+    /// moves it on (a renewal a backend's task answers), so that the item
+    /// is looked at there if no answer comes (not when that instant has
+    /// come: the check is then the look). The default: `None`, out of the
+    /// queue until its check ends.
+    fn while_checked(&self) -> Option<Instant> {
+        None
+    }
     /// Its check panicked: it is no longer watched.
     fn check_panicked(&self);
     /// The latest instant it may be checked next (its validity deadline):
@@ -166,6 +176,36 @@ impl Watchdog {
             }
             queue.put(item, at, crate::raw::now());
         }
+        self.ensure_running();
+    }
+
+    /// Puts each item back in the queue at its next check (`None`: stops
+    /// watching it), all under one lock; `now` is read once for them all
+    /// (the answers of one reply, see [`Answers`](crate::raw::Answers)).
+    pub(crate) fn put_all(
+        self: &Arc<Self>,
+        items: impl Iterator<Item = (Arc<dyn Watched>, Option<Instant>)>,
+        now: Instant,
+    ) {
+        let mut dropped = Vec::new();
+        {
+            let mut queue = lock(&self.queue);
+            let rt = queue.rt.clone();
+            let _in = rt.as_ref().map(Handle::enter);
+            for (item, next) in items {
+                match next {
+                    Some(at) => queue.put(&item, at, now),
+                    None => {
+                        if let Some(k) = lock(&item.timer().key).take() {
+                            queue.entries.try_remove(&k);
+                        }
+                    }
+                }
+                // Dropped outside the lock: an item's drop may do anything.
+                dropped.push(item);
+            }
+        }
+        drop(dropped);
         self.ensure_running();
     }
 
@@ -386,8 +426,10 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
             };
         };
         let mut queue = lock(&wd.queue);
+        // The clock, read once a pass if at all.
+        let mut now = None;
         if !again.is_empty() {
-            let now = crate::raw::now();
+            let now = *now.get_or_insert_with(crate::raw::now);
             for (item, next) in again.iter() {
                 queue.put(item, *next, now);
             }
@@ -414,6 +456,14 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
                             // The key is spent: clear it before the queue
                             // can hand the same key to another item.
                             *lock(&item.timer().key) = None;
+                            if let Some(at) = item.while_checked() {
+                                // Not for a check at (or past) that instant
+                                // itself: it would come due again at once.
+                                let now = *now.get_or_insert_with(crate::raw::now);
+                                if at > now {
+                                    queue.put(&item, at, now);
+                                }
+                            }
                             due.push(item);
                             started += 1;
                         }

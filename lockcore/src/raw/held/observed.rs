@@ -27,13 +27,14 @@ impl Held {
     }
 
     /// Tells of a renewal sent at `sent` and its outcome (`Err`: no
-    /// answer by the validity deadline).
+    /// answer by the validity deadline), come at `now`.
     pub(super) fn renewed<E>(
         &self,
         sent: Instant,
+        now: Instant,
         outcome: &std::result::Result<Result<Renewal>, E>,
     ) {
-        let took = sent.elapsed();
+        let took = now.saturating_duration_since(sent);
         let failed = match outcome {
             Ok(Ok(Renewal::Renewed { .. })) => None,
             Ok(Ok(Renewal::Lost)) => Some("lost"),

@@ -53,6 +53,8 @@ enum Then {
     DropFirst,
     /// Kept, never answered.
     Never,
+    /// The first this many answered, as `Answer`; the rest never.
+    AnswerFirst(usize),
     /// Answered before `renew_then` returns, with the memory server's
     /// own answer (no faults, no drift allowance).
     AtOnce,
@@ -177,13 +179,16 @@ impl BackendLease for FaultyLease {
         let n = self.faults.then_asked.fetch_add(1, SeqCst);
         match then {
             Then::Never => crate::raw::sync::lock(&self.faults.unanswered).push(done),
+            Then::AnswerFirst(first) if n >= first => {
+                crate::raw::sync::lock(&self.faults.unanswered).push(done);
+            }
             Then::AtOnce => {
                 use futures_util::FutureExt;
                 let renewed = self.inner.renew(ttl).now_or_never();
                 done.answer(renewed.expect("the memory server renews at once"));
             }
             Then::DropFirst if n == 0 => drop(done),
-            Then::Answer | Then::DropFirst => {
+            Then::Answer | Then::DropFirst | Then::AnswerFirst(_) => {
                 let lease = FaultyLease {
                     inner: self.inner.clone(),
                     faults: self.faults.clone(),

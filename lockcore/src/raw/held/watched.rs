@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use super::{renew_interval, Held, TIMER_SLACK};
 use crate::error::{Error, ErrorKind};
+use crate::raw::renewing::Answered;
 use crate::raw::retry::Backoff;
-use crate::raw::watchdog::{CheckFuture, Timer, Watched};
+use crate::raw::watchdog::{CheckFuture, Timer, Watchdog, Watched};
 use crate::raw::{Renewal, Renewing};
 
 impl Held {
@@ -115,7 +116,7 @@ impl Held {
             let outcome: std::result::Result<_, std::convert::Infallible> = Ok(Ok(renewal));
             // Refused: `settle` raised the lost signal, and the watch ends.
             return Some(
-                self.settle(sent, None, outcome)
+                self.settle(sent, sent, None, outcome)
                     .ok()
                     .map(|at| self.renewed_at(at)),
             );
@@ -124,62 +125,69 @@ impl Held {
             return None;
         }
         // In the queue at the deadline before the renewal goes out, so
-        // that its answer (which moves the lease on) cannot come first.
+        // that its answer (which moves the lease on) cannot come first:
+        // put there as it came due when its last renewal went this way too
+        // (`while_checked`).
         let until = self.valid_until();
-        self.schedule(self.not_after(), false);
+        if !self.then_out.load(Ordering::Relaxed) {
+            self.schedule(self.not_after(), false);
+        }
         // The turn is lent to the renewal until its answer is applied.
         turn.forget();
-        let lent = LentTurn(self.clone());
-        let done = Renewing::new(until, move |answer| lent.answered(sent, answer));
+        let done = Renewing::of_lease(self.clone(), until, sent);
         match self.lease.renew_then(ttl, done) {
-            Ok(()) => Some(None),
+            Ok(()) => {
+                self.then_out.store(true, Ordering::Relaxed);
+                Some(None)
+            }
             Err(done) => {
                 // Not for this lease: its renewals go by `renew` from now.
-                // (The turn comes back as the answer is dropped.)
+                // (The turn comes back.)
                 done.unsent();
                 self.then.store(false, Ordering::Relaxed);
+                self.then_out.store(false, Ordering::Relaxed);
                 None
             }
         }
     }
 }
 
-/// The renewal turn, lent to a renewal the backend's task answers
-/// ([`renew_then`](crate::raw::BackendLease::renew_then)): given back when
-/// dropped, once its answer was applied, with a renewal never sent, or in
-/// a panic.
-struct LentTurn(Arc<Held>);
-
-impl Drop for LentTurn {
-    fn drop(&mut self) {
-        self.0.renewing.add_permits(1);
-    }
-}
-
-impl LentTurn {
-    /// The answer to the renewal sent at `sent`: applied as
-    /// [`renew_now`](Held::renew_now) applies one (an answer after the
-    /// validity deadline as none by then), the lease put in the queue for
-    /// its next check, and then the turn given back (so that an `extend`
-    /// waiting for it schedules last).
-    fn answered(self, sent: Instant, answer: Option<crate::error::Result<Renewal>>) {
-        let held = &self.0;
+/// A renewal the backend's task answers
+/// ([`renew_then`](crate::raw::BackendLease::renew_then)) holds the
+/// renewal turn until its answer is applied and the lease is back in the
+/// queue (so that an `extend` waiting for the turn schedules last).
+impl Answered for Held {
+    /// Applied as [`renew_now`](Held::renew_now) applies an answer (one
+    /// after the validity deadline as none by then): the lease's next
+    /// check, or `None` once it is released or lost.
+    fn apply(
+        &self,
+        sent: Instant,
+        now: Instant,
+        answer: Option<crate::error::Result<Renewal>>,
+    ) -> Option<Instant> {
         let answer = answer.unwrap_or_else(|| {
             Err(Error::unavailable(
-                held.backend,
+                self.backend,
                 "the renewal was dropped unanswered (the backend's task ended)",
             ))
         });
-        let outcome = if crate::raw::now() >= held.valid_until() {
+        let outcome = if now >= self.valid_until() {
             Err(())
         } else {
             Ok(answer)
         };
-        let settled = held.settle(sent, None, outcome);
-        match held.after_renewal(settled) {
-            Some(at) if !held.released.load(Ordering::Acquire) => held.schedule(at, false),
-            _ => held.stop_watchdog(),
-        }
+        let settled = self.settle(sent, now, None, outcome);
+        self.after_renewal(settled)
+            .filter(|_| !self.released.load(Ordering::Acquire))
+    }
+
+    fn watchdog(&self) -> &Arc<Watchdog> {
+        &self.watchdog
+    }
+
+    fn turn_back(&self) {
+        self.renewing.add_permits(1);
     }
 }
 
@@ -198,6 +206,13 @@ impl Watched for Held {
 
     fn check_now(self: Arc<Self>) -> Option<Option<Instant>> {
         self.known_check()
+    }
+
+    fn while_checked(&self) -> Option<Instant> {
+        let renewing = self.renew
+            && self.then_out.load(Ordering::Relaxed)
+            && !self.released.load(Ordering::Acquire);
+        renewing.then(|| self.not_after())
     }
 
     fn check_panicked(&self) {

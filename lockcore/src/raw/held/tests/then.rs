@@ -101,6 +101,64 @@ async fn a_renewal_never_answered_is_lost_at_the_deadline() {
     assert!(released.is_err(), "a lost lease released cleanly");
 }
 
+/// A renewal never answered after others were: the lease is watched at
+/// its deadline from as it comes due (its last renewal went the same
+/// way), and the lost signal is raised there, a ttl after the last answered
+/// renewal was sent.
+#[tokio::test(start_paused = true)]
+async fn a_later_renewal_never_answered_is_lost_at_its_deadline() {
+    let server = MemoryBackend::new();
+    let faults = then(Then::AnswerFirst(2), Duration::ZERO);
+    let started = tokio::time::Instant::now();
+    let g = faulty(&server, &faults)
+        .acquire("x", &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    let token = g.lost_token();
+    tokio::time::timeout(TTL * 3, token.cancelled())
+        .await
+        .expect("the lost signal was raised");
+    let at = started.elapsed();
+    // Renewals go out every third of the ttl, the second (the last
+    // answered) at about two thirds of it.
+    let last = TTL * 2 / 3;
+    assert!(
+        at >= last + TTL * 9 / 10 && at <= last + TTL + Duration::from_millis(50),
+        "lost after {at:?}"
+    );
+    assert_eq!(faults.then_asked.load(SeqCst), 3);
+}
+
+/// Renewals of leases of two handles (two watchdogs) answered together,
+/// as a backend's task answers the renewals of one reply: each lease goes
+/// back in its own watchdog's queue and gets its turn back, so its next
+/// renewal goes out a third of the ttl later.
+#[tokio::test(start_paused = true)]
+async fn renewals_answered_together_go_back_to_their_own_watchdogs() {
+    let server = MemoryBackend::new();
+    let faults = then(Then::Never, Duration::ZERO);
+    let (one, two) = (faulty(&server, &faults), faulty(&server, &faults));
+    let a = one.acquire("a", &opts()).await.unwrap().unwrap();
+    let b = two.acquire("b", &opts()).await.unwrap().unwrap();
+    tokio::time::sleep(TTL / 3 + Duration::from_millis(100)).await;
+    let out = std::mem::take(&mut *crate::raw::sync::lock(&faults.unanswered));
+    assert_eq!(out.len(), 2, "both leases' first renewals are out");
+    let mut answers = crate::raw::Answers::new();
+    for done in out {
+        let valid_until = crate::raw::validity_deadline(done.sent(), TTL);
+        done.answer_with(Ok(Renewal::Renewed { valid_until }), &mut answers);
+    }
+    drop(answers);
+    tokio::time::sleep(TTL / 3).await;
+    assert_eq!(
+        faults.then_asked.load(SeqCst),
+        4,
+        "each lease's next renewal went out"
+    );
+    assert!(a.lost_reason().is_none() && b.lost_reason().is_none());
+}
+
 /// An answer that comes after the validity deadline does not bring the
 /// lease back: it was lost at the deadline (the watchdog looks there
 /// while the answer is out) and stays lost, its validity not extended by
