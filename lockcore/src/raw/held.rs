@@ -17,8 +17,9 @@ use crate::raw::sync::lock;
 use crate::raw::watchdog::{Timer, Watchdog, Watched};
 use crate::raw::{BackendLease, Grant, Released, Renewal};
 
-/// The queue's resolution is a millisecond and may fire up to one early:
-/// deadlines checked for having passed are scheduled this much later.
+/// Deadlines checked for having passed are scheduled this much later: a
+/// margin over the queue's resolution of a millisecond (it rounds an
+/// entry's instant up to its millisecond, as the runtime's timer does).
 const TIMER_SLACK: Duration = Duration::from_millis(1);
 
 /// The lost reason of a lease that its release found gone.

@@ -21,16 +21,17 @@
 //! lets other tasks run after every [`FINISHED_PER_PASS`] finished checks
 //! and [`DUE_PER_PASS`] started ones.
 //!
-//! **Waking the queue's task.** A queue wakes its task when an insert is
-//! due before everything in it, and when a removal empties it: with one
-//! task taking and releasing a lock in a loop, that would be two wake-ups
-//! of the watchdog's task (often on the other worker thread) per lock
-//! cycle. So while leases come and go, the queue holds a tick entry due
-//! within [`TICK`]: a lease's first check comes later than that (a third of
-//! a ttl of at least a second), so inserting it wakes no one, and the tick
-//! keeps the queue from emptying. The tick renews itself while leases were
-//! taken since the last one, and lapses after a quiet [`TICK`]; renewals
-//! alone do not keep it.
+//! **Waking the queue's task.** The queue's timer is set for its first
+//! slot (`queue.rs`): an insert due earlier moves the timer, and one into
+//! a queue with no timer (the task found it empty) wakes the task at once.
+//! With one task taking and releasing a lock in a loop, that would be a
+//! wake-up of the watchdog's task (often on the other worker thread) per
+//! lock cycle. So while leases come and go, the queue holds a tick entry
+//! due within [`TICK`]: a lease's first check comes later than that (a
+//! third of a ttl of at least a second), so inserting it wakes no one, and
+//! the tick keeps the queue from emptying. The tick renews itself while
+//! leases were taken since the last one, and lapses after a quiet
+//! [`TICK`]; renewals alone do not keep it.
 //!
 //! The queue knows leases only as [`Watched`]: the renewal policy lives with
 //! the lease state (`held.rs`). Leases keep their watchdog alive (a strong
@@ -38,19 +39,17 @@
 //! not longer.
 
 use std::future::{poll_fn, Future};
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use checks::{start_check, Running};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use queue::{Entry, Key, Queue};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
-use tokio_util::time::delay_queue::Key;
-
-use queue::{Entry, Queue};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -142,7 +141,7 @@ impl Drop for Watchdog {
 impl std::fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watchdog")
-            .field("entries", &lock(&self.queue).entries.len())
+            .field("entries", &lock(&self.queue).len())
             .finish()
     }
 }
@@ -171,8 +170,8 @@ impl Watchdog {
             }
             if new && !queue.ticking {
                 queue.ticking = true;
-                let tick = tokio::time::Instant::now() + TICK;
-                queue.entries.insert_at(Entry::Tick, tick);
+                let now = crate::raw::now();
+                queue.insert(Entry::Tick, now + TICK);
             }
             queue.put(item, at, crate::raw::now());
         }
@@ -197,7 +196,7 @@ impl Watchdog {
                     Some(at) => queue.put(&item, at, now),
                     None => {
                         if let Some(k) = lock(&item.timer().key).take() {
-                            queue.entries.try_remove(&k);
+                            queue.remove(k);
                         }
                     }
                 }
@@ -215,7 +214,7 @@ impl Watchdog {
         // exactly while it is `Some`, under the queue's lock.
         let mut queue = lock(&self.queue);
         if let Some(k) = lock(&timer.key).take() {
-            queue.entries.try_remove(&k);
+            queue.remove(k);
         }
     }
 
@@ -239,8 +238,7 @@ impl Watchdog {
                 return true;
             }
         }
-        let items = {
-            let _in = rt.enter();
+        let old_timer = {
             let mut queue = lock(&self.queue);
             queue.rt = Some(rt.clone());
             queue.rebuild()
@@ -256,7 +254,7 @@ impl Watchdog {
             rt: rt.clone(),
         });
         drop(runner);
-        drop(items);
+        drop(old_timer);
         runs
     }
 
@@ -279,62 +277,6 @@ impl Watchdog {
             }
             // That runtime has ended too: the next one.
         }
-    }
-}
-
-/// One check running in the watchdog's task, with its item.
-struct Running {
-    item: Arc<dyn Watched>,
-    check: tokio::task::coop::Unconstrained<CheckFuture>,
-}
-
-impl Future for Running {
-    /// The item, and when to check it next (`None`: stop watching).
-    type Output = (Arc<dyn Watched>, Option<Instant>);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        // A panic in one check ends that item's watch, not the others'.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(&mut this.check).poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(next)) => Poll::Ready((this.item.clone(), next)),
-            Err(_) => {
-                panicked(&*this.item);
-                Poll::Ready((this.item.clone(), None))
-            }
-        }
-    }
-}
-
-/// Tells `item` that its check panicked.
-fn panicked(item: &dyn Watched) {
-    let told = std::panic::catch_unwind(AssertUnwindSafe(|| item.check_panicked()));
-    if told.is_err() {
-        tracing::error!("a watched item's check panicked, and so did telling it");
-    }
-}
-
-/// Starts `item`'s check: done at once when it can be (its next check then
-/// joins `again`), else its future joins `running`.
-fn start_check(
-    item: Arc<dyn Watched>,
-    running: &mut FuturesUnordered<Running>,
-    again: &mut Vec<(Arc<dyn Watched>, Instant)>,
-) {
-    // A panic in one check, or in making it, ends that item's watch, not
-    // the others'.
-    let started = std::panic::catch_unwind(AssertUnwindSafe(|| match item.clone().check_now() {
-        Some(next) => Ok(next),
-        None => Err(item.clone().check()),
-    }));
-    match started {
-        Ok(Ok(Some(next))) => again.push((item, next)),
-        Ok(Ok(None)) => {}
-        Ok(Err(check)) => {
-            let check = tokio::task::coop::unconstrained(check);
-            running.push(Running { item, check });
-        }
-        Err(_) => panicked(&*item),
     }
 }
 
@@ -437,16 +379,16 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
         // The entries due now (up to a pass's worth), each check started.
         let mut started = 0;
         while started < DUE_PER_PASS {
-            match queue.entries.poll_expired(cx) {
+            match queue.poll_expired(cx) {
                 // Empty (the next insert wakes this task), or nothing due.
                 Poll::Ready(None) | Poll::Pending => break,
-                Poll::Ready(Some(expired)) => match expired.into_inner() {
+                Poll::Ready(Some(expired)) => match expired {
                     Entry::Tick => {
                         // Renewed while the queue is in use; a quiet tick
                         // lapses (the queue may empty then).
                         if std::mem::take(&mut queue.used) {
-                            let tick = tokio::time::Instant::now() + TICK;
-                            queue.entries.insert_at(Entry::Tick, tick);
+                            let now = *now.get_or_insert_with(crate::raw::now);
+                            queue.insert(Entry::Tick, now + TICK);
                         } else {
                             queue.ticking = false;
                         }
@@ -492,6 +434,7 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
     })
 }
 
+mod checks;
 mod queue;
 #[cfg(test)]
 mod tests;

@@ -1,11 +1,25 @@
 //! The watchdog's timer queue: each watched item's next check, and the
 //! tick that keeps the queue from emptying while it is in use.
+//!
+//! Entries are kept by the millisecond they come due in (a slot): the
+//! renewals of many leases fall on one grid point ([`coalesced`]), so a
+//! slot holds hundreds of them, and the queue's one timer wakes the
+//! watchdog once for them all. An entry lives in a slab; its slot keeps
+//! only its [`Key`]. An entry removed or moved leaves its slab place at
+//! once (with its reference to the item), and its key in the old slot is
+//! passed over when that slot comes due: its generation no longer
+//! matches.
 
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
+use slab::Slab;
 use tokio::runtime::Handle;
-use tokio_util::time::delay_queue::DelayQueue;
+use tokio::time::Sleep;
 
 use super::{lock, Watched};
 
@@ -17,10 +31,31 @@ pub(super) enum Entry {
     Lease(Weak<dyn Watched>),
 }
 
+/// An entry's place in the queue: its slab index and generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Key {
+    at: usize,
+    generation: u64,
+}
+
 /// The queue and its tick.
 #[derive(Default)]
 pub(super) struct Queue {
-    pub(super) entries: DelayQueue<Entry>,
+    /// The entries, each with its generation.
+    entries: Slab<(Entry, u64)>,
+    /// The keys due in each slot: milliseconds from `origin`, rounded up.
+    slots: BTreeMap<u64, Vec<Key>>,
+    /// The keys of the slot come due, not yet handed out.
+    taking: Vec<Key>,
+    /// The next entry's generation.
+    generation: u64,
+    /// The instant slot 0 stands for (the clock at the first insert).
+    origin: Option<tokio::time::Instant>,
+    /// The timer, due at the slot it was set for (made on the task's
+    /// runtime, as it polls the queue).
+    timer: Option<(Pin<Box<Sleep>>, u64)>,
+    /// The task that found the queue empty: woken by the next insert.
+    waker: Option<Waker>,
     /// Whether the tick entry is in the queue.
     pub(super) ticking: bool,
     /// Whether the queue was used since the last tick.
@@ -34,37 +69,121 @@ pub(super) struct Queue {
 }
 
 impl Queue {
-    /// Moves every entry into a new queue, each at its deadline: the
-    /// queue's timer belongs to the runtime it was made on, and polling it
-    /// after that runtime ended panics. Called with the queue locked, when
-    /// the watchdog's task ended and a new one starts, perhaps on another
-    /// runtime. Returns the items, to be dropped once the queue is
-    /// unlocked (an item's drop may lock it).
-    pub(super) fn rebuild(&mut self) -> Vec<Arc<dyn Watched>> {
-        // Built aside, the items' keys written only once every entry is
-        // in: a panic midway leaves the old queue and keys as they were.
-        let old = &mut self.entries;
-        let mut new = DelayQueue::with_capacity(old.len());
-        let mut items = Vec::with_capacity(old.len());
-        while let Some(key) = old.peek() {
-            let at = old.deadline(&key);
-            if let Entry::Lease(weak) = old.remove(&key).into_inner() {
-                if let Some(item) = weak.upgrade() {
-                    let key = new.insert_at(Entry::Lease(weak), at);
-                    items.push((item, key));
+    /// How many entries it holds.
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The slot of `at`: the first millisecond from the origin not before it.
+    fn slot_of(&mut self, at: Instant) -> u64 {
+        let at = tokio::time::Instant::from_std(at);
+        // Slot 0 is the first insert's present: an instant before it is
+        // due at once.
+        let origin = *self.origin.get_or_insert_with(tokio::time::Instant::now);
+        let since = at.saturating_duration_since(origin);
+        let ms = since.as_millis() + u128::from(since.subsec_nanos() % 1_000_000 != 0);
+        u64::try_from(ms).unwrap_or(u64::MAX)
+    }
+
+    /// The instant slot `slot` comes due (the origin is set by then).
+    fn due(&self, slot: u64) -> tokio::time::Instant {
+        let origin = self.origin.unwrap_or_else(tokio::time::Instant::now);
+        // Past the clock's range: as late as a day from the origin, checked
+        // again then.
+        origin
+            .checked_add(Duration::from_millis(slot))
+            .unwrap_or(origin + Duration::from_secs(86_400))
+    }
+
+    /// Puts `entry` in the queue at `at`; its key.
+    pub(super) fn insert(&mut self, entry: Entry, at: Instant) -> Key {
+        let slot = self.slot_of(at);
+        let generation = self.generation;
+        self.generation = self.generation.wrapping_add(1);
+        let key = Key {
+            at: self.entries.insert((entry, generation)),
+            generation,
+        };
+        self.slots.entry(slot).or_default().push(key);
+        // Earlier than the timer is set for: it is set earlier (which
+        // needs no wake-up); with no timer, the task that will set one is
+        // woken.
+        match &mut self.timer {
+            Some((_, set)) if slot < *set => {
+                *set = slot;
+                let due = self.due(slot);
+                if let Some((sleep, _)) = &mut self.timer {
+                    sleep.as_mut().reset(due);
+                }
+            }
+            Some(_) => {}
+            None => {
+                if let Some(w) = self.waker.take() {
+                    w.wake();
                 }
             }
         }
-        self.entries = new;
-        // The tick lapses; the next lease taken puts it back.
-        self.ticking = false;
-        items
-            .into_iter()
-            .map(|(item, key)| {
-                *lock(&item.timer().key) = Some(key);
-                item
-            })
-            .collect()
+        key
+    }
+
+    /// Takes the entry of `key` out, if it is still there.
+    pub(super) fn remove(&mut self, key: Key) -> Option<Entry> {
+        match self.entries.get(key.at) {
+            Some((_, generation)) if *generation == key.generation => {
+                Some(self.entries.remove(key.at).0)
+            }
+            _ => None,
+        }
+    }
+
+    /// The next entry come due: `Ready(None)` when the queue is empty (the
+    /// next insert wakes the task), `Pending` when none is due yet (the
+    /// timer wakes it).
+    pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<Option<Entry>> {
+        loop {
+            while let Some(key) = self.taking.pop() {
+                if let Some(entry) = self.remove(key) {
+                    return Poll::Ready(Some(entry));
+                }
+            }
+            let Some(&slot) = self.slots.keys().next() else {
+                self.timer = None;
+                self.waker = Some(cx.waker().clone());
+                return Poll::Ready(None);
+            };
+            let due = self.due(slot);
+            let sleep = match &mut self.timer {
+                Some((sleep, set)) => {
+                    if *set != slot {
+                        *set = slot;
+                        sleep.as_mut().reset(due);
+                    }
+                    sleep
+                }
+                None => {
+                    &mut self
+                        .timer
+                        .insert((Box::pin(tokio::time::sleep_until(due)), slot))
+                        .0
+                }
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let mut keys = self.slots.remove(&slot).unwrap_or_default();
+            // Handed out in the order put in.
+            keys.reverse();
+            self.taking = keys;
+        }
+    }
+
+    /// Readies the queue for a new task, perhaps on another runtime: its
+    /// timer belongs to the runtime it was made on, and polling it after
+    /// that runtime ended panics. The entries stay; the old timer is
+    /// returned, to be dropped once the queue is unlocked.
+    pub(super) fn rebuild(&mut self) -> Option<Pin<Box<Sleep>>> {
+        self.waker = None;
+        self.timer.take().map(|(sleep, _)| sleep)
     }
 
     /// Puts `item` in the queue at `at` ([`coalesced`] as seen at `now`,
@@ -84,15 +203,10 @@ impl Queue {
         }
         .min(not_after);
         let mut key = lock(&item.timer().key);
-        match key.as_ref() {
-            Some(k) => self.entries.reset_at(k, at.into()),
-            None => {
-                *key = Some(
-                    self.entries
-                        .insert_at(Entry::Lease(Arc::downgrade(item)), at.into()),
-                );
-            }
+        if let Some(old) = key.take() {
+            self.remove(old);
         }
+        *key = Some(self.insert(Entry::Lease(Arc::downgrade(item)), at));
     }
 }
 
@@ -124,3 +238,6 @@ pub(super) fn coalesced(at: Instant, now: Instant, origin: Instant) -> Instant {
         + std::time::Duration::from_nanos(u64::from(since.subsec_nanos() % 1_000_000));
     at.checked_sub(back).unwrap_or(at)
 }
+
+#[cfg(test)]
+mod tests;
