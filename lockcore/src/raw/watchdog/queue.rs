@@ -81,7 +81,7 @@ impl Queue {
         // due at once.
         let origin = *self.origin.get_or_insert_with(tokio::time::Instant::now);
         let since = at.saturating_duration_since(origin);
-        let ms = since.as_millis() + u128::from(since.subsec_nanos() % 1_000_000 != 0);
+        let ms = since.as_millis() + u128::from(!since.subsec_nanos().is_multiple_of(1_000_000));
         u64::try_from(ms).unwrap_or(u64::MAX)
     }
 
