@@ -187,7 +187,7 @@ impl Drop for PartOf {
 
 impl Waiting for Renew {
     fn gave_up(&self) -> bool {
-        self.gave_up_at(Instant::now())
+        self.gave_up_at(lockcore::raw::now())
     }
 
     fn gave_up_at(&self, now: Instant) -> bool {

@@ -116,9 +116,11 @@ pub trait BackendLease: Send + Sync + fmt::Debug + 'static {
     /// [`renew`](Self::renew) from then on.
     ///
     /// The answer is what [`renew`](Self::renew) would return, counted
-    /// from when the renewal was sent; it may be given at once, inside
-    /// this call, or later from any thread. Dropping `done` answers that
-    /// the renewal failed. A renewal not yet sent when
+    /// from when the renewal was sent or earlier ([`Renewing::sent`], when
+    /// it was asked, will do); it may be given at once, inside this call, or later from any
+    /// thread. The renewals one reply answers are best answered together
+    /// ([`Renewing::answer_with`] in one [`Answers`](crate::raw::Answers)).
+    /// Dropping `done` answers that the renewal failed. A renewal not yet sent when
     /// [`Renewing::is_stale`] turns true should not be sent: the lease is
     /// lost by then. The lease's next renewal, its `extend` and its
     /// release wait for the answer until the lease's validity deadline,

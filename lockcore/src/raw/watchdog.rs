@@ -401,8 +401,10 @@ fn run(watchdog: Weak<Watchdog>, started: Arc<AtomicBool>) -> impl Future<Output
                             if let Some(at) = item.while_checked() {
                                 // Not for a check at (or past) that instant
                                 // itself: it would come due again at once.
+                                // (`now` may have been read before this
+                                // slot came due: the slot is the bound.)
                                 let now = *now.get_or_insert_with(crate::raw::now);
-                                if at > now {
+                                if at > now && queue.after_taken(at) {
                                     queue.put(&item, at, now);
                                 }
                             }

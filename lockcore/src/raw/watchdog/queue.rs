@@ -4,11 +4,10 @@
 //! Entries are kept by the millisecond they come due in (a slot): the
 //! renewals of many leases fall on one grid point ([`coalesced`]), so a
 //! slot holds hundreds of them, and the queue's one timer wakes the
-//! watchdog once for them all. An entry lives in a slab; its slot keeps
-//! only its [`Key`]. An entry removed or moved leaves its slab place at
-//! once (with its reference to the item), and its key in the old slot is
-//! passed over when that slot comes due: its generation no longer
-//! matches.
+//! watchdog once for them all. An entry lives in a slab, with its slot and
+//! its place in the slot's list of keys; removing or moving it takes its
+//! key out of that list at once (the last key moves into its place), so
+//! the queue holds nothing for an entry once it is gone.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -38,15 +37,27 @@ pub(crate) struct Key {
     generation: u64,
 }
 
+/// An entry in the slab: where its key is.
+struct Slotted {
+    entry: Entry,
+    generation: u64,
+    /// Its slot, and its place in the slot's keys (meaningless once the
+    /// slot was taken: its keys are in `taking` then).
+    slot: u64,
+    place: usize,
+}
+
 /// The queue and its tick.
 #[derive(Default)]
 pub(super) struct Queue {
-    /// The entries, each with its generation.
-    entries: Slab<(Entry, u64)>,
+    /// The entries.
+    entries: Slab<Slotted>,
     /// The keys due in each slot: milliseconds from `origin`, rounded up.
     slots: BTreeMap<u64, Vec<Key>>,
     /// The keys of the slot come due, not yet handed out.
     taking: Vec<Key>,
+    /// The last slot taken.
+    taken: Option<u64>,
     /// The next entry's generation.
     generation: u64,
     /// The instant slot 0 stands for (the clock at the first insert).
@@ -88,8 +99,8 @@ impl Queue {
     /// The instant slot `slot` comes due (the origin is set by then).
     fn due(&self, slot: u64) -> tokio::time::Instant {
         let origin = self.origin.unwrap_or_else(tokio::time::Instant::now);
-        // Past the clock's range: as late as a day from the origin, checked
-        // again then.
+        // Beyond the clock's range (which no slot of a ttl of at most a
+        // day reaches): a day from the origin.
         origin
             .checked_add(Duration::from_millis(slot))
             .unwrap_or(origin + Duration::from_secs(86_400))
@@ -100,11 +111,17 @@ impl Queue {
         let slot = self.slot_of(at);
         let generation = self.generation;
         self.generation = self.generation.wrapping_add(1);
+        let keys = self.slots.entry(slot).or_default();
         let key = Key {
-            at: self.entries.insert((entry, generation)),
+            at: self.entries.insert(Slotted {
+                entry,
+                generation,
+                slot,
+                place: keys.len(),
+            }),
             generation,
         };
-        self.slots.entry(slot).or_default().push(key);
+        keys.push(key);
         // Earlier than the timer is set for: it is set earlier (which
         // needs no wake-up); with no timer, the task that will set one is
         // woken.
@@ -126,14 +143,38 @@ impl Queue {
         key
     }
 
-    /// Takes the entry of `key` out, if it is still there.
+    /// Takes the entry of `key` out, if it is still there, with its key
+    /// in its slot (a key already taken out of its slot is passed over by
+    /// [`poll_expired`](Queue::poll_expired)).
     pub(super) fn remove(&mut self, key: Key) -> Option<Entry> {
-        match self.entries.get(key.at) {
-            Some((_, generation)) if *generation == key.generation => {
-                Some(self.entries.remove(key.at).0)
+        let (slot, place) = match self.entries.get(key.at) {
+            Some(e) if e.generation == key.generation => (e.slot, e.place),
+            _ => return None,
+        };
+        let gone = self.entries.remove(key.at);
+        if let Some(keys) = self.slots.get_mut(&slot) {
+            // Its slot may have been taken and made again since: only its
+            // own key goes.
+            if keys.get(place) == Some(&key) {
+                keys.swap_remove(place);
+                if let Some(moved) = keys.get(place) {
+                    if let Some(e) = self.entries.get_mut(moved.at) {
+                        e.place = place;
+                    }
+                }
+                if keys.is_empty() {
+                    self.slots.remove(&slot);
+                }
             }
-            _ => None,
         }
+        Some(gone.entry)
+    }
+
+    /// Whether `at` comes due after the slot last taken: put in at `at`,
+    /// an entry is not handed out again with that slot's.
+    pub(super) fn after_taken(&mut self, at: Instant) -> bool {
+        let slot = self.slot_of(at);
+        self.taken.is_none_or(|taken| slot > taken)
     }
 
     /// The next entry come due: `Ready(None)` when the queue is empty (the
@@ -142,8 +183,11 @@ impl Queue {
     pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<Option<Entry>> {
         loop {
             while let Some(key) = self.taking.pop() {
-                if let Some(entry) = self.remove(key) {
-                    return Poll::Ready(Some(entry));
+                // Its slot is gone from the map: the slab entry alone.
+                if let Some(e) = self.entries.get(key.at) {
+                    if e.generation == key.generation {
+                        return Poll::Ready(Some(self.entries.remove(key.at).entry));
+                    }
                 }
             }
             let Some(&slot) = self.slots.keys().next() else {
@@ -171,9 +215,10 @@ impl Queue {
                 return Poll::Pending;
             }
             let mut keys = self.slots.remove(&slot).unwrap_or_default();
-            // Handed out in the order put in.
+            // Handed out in the order put in (as far as removals left it).
             keys.reverse();
             self.taking = keys;
+            self.taken = Some(slot);
         }
     }
 
