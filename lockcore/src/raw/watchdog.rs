@@ -161,19 +161,18 @@ impl Watchdog {
             }
         }
         {
+            // (The queue's timer is made by its task, on the task's
+            // runtime: an insert only moves it, which needs no runtime.)
             let mut queue = lock(&self.queue);
-            // The queue's timer is made on the task's runtime, which polls it.
-            let rt = queue.rt.clone();
-            let _in = rt.as_ref().map(Handle::enter);
+            let now = crate::raw::now();
             if new {
                 queue.used = true;
             }
             if new && !queue.ticking {
                 queue.ticking = true;
-                let now = crate::raw::now();
                 queue.insert(Entry::Tick, now + TICK);
             }
-            queue.put(item, at, crate::raw::now());
+            queue.put(item, at, now);
         }
         self.ensure_running();
     }
@@ -189,8 +188,6 @@ impl Watchdog {
         let mut dropped = Vec::new();
         {
             let mut queue = lock(&self.queue);
-            let rt = queue.rt.clone();
-            let _in = rt.as_ref().map(Handle::enter);
             for (item, next) in items {
                 match next {
                     Some(at) => queue.put(&item, at, now),
@@ -238,11 +235,7 @@ impl Watchdog {
                 return true;
             }
         }
-        let old_timer = {
-            let mut queue = lock(&self.queue);
-            queue.rt = Some(rt.clone());
-            queue.rebuild()
-        };
+        let old_timer = { lock(&self.queue).rebuild() };
         // A runtime that shut down drops the task inside `spawn`: its drop
         // guard must not start another then (this holds the runner lock).
         let started = Arc::new(AtomicBool::new(false));

@@ -17,7 +17,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use slab::Slab;
-use tokio::runtime::Handle;
 use tokio::time::Sleep;
 
 use super::{lock, Watched};
@@ -71,9 +70,6 @@ pub(super) struct Queue {
     pub(super) ticking: bool,
     /// Whether the queue was used since the last tick.
     pub(super) used: bool,
-    /// The runtime of the task that polls the queue: its timer is made
-    /// there.
-    pub(super) rt: Option<Handle>,
     /// The origin of the grid the queue's renewals are put on (its first
     /// put): see [`coalesced`].
     grid: Option<Instant>,

@@ -71,25 +71,30 @@ async fn a_renewal_dropped_unanswered_is_retried() {
     g.release().await.unwrap();
 }
 
+/// A lease taken on a backend with `faults`, and how long after it was
+/// asked for its lost signal (the token itself, not the guard's `lost`,
+/// which watches the deadline on its own) was raised, within `within`.
+async fn lost_after(faults: &Arc<Faults>, within: Duration) -> (crate::LockGuard, Duration) {
+    let started = tokio::time::Instant::now();
+    let g = faulty(&MemoryBackend::new(), faults)
+        .acquire("x", &opts())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(within, g.lost_token().cancelled())
+        .await
+        .expect("the lost signal was raised");
+    (g, started.elapsed())
+}
+
 /// A renewal the backend never answers: the lost signal (the token
 /// itself, not the guard's `lost`, which watches the deadline on its own)
 /// is raised at the validity deadline, and a release does not wait for
 /// the answer past it.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_never_answered_is_lost_at_the_deadline() {
-    let server = MemoryBackend::new();
     let faults = then(Then::Never, Duration::ZERO);
-    let started = tokio::time::Instant::now();
-    let g = faulty(&server, &faults)
-        .acquire("x", &opts())
-        .await
-        .unwrap()
-        .unwrap();
-    let token = g.lost_token();
-    tokio::time::timeout(TTL * 2, token.cancelled())
-        .await
-        .expect("the lost signal was raised");
-    let at = started.elapsed();
+    let (g, at) = lost_after(&faults, TTL * 2).await;
     assert!(
         at >= TTL * 9 / 10 && at <= TTL + Duration::from_millis(50),
         "lost after {at:?}"
@@ -107,19 +112,8 @@ async fn a_renewal_never_answered_is_lost_at_the_deadline() {
 /// renewal was sent.
 #[tokio::test(start_paused = true)]
 async fn a_later_renewal_never_answered_is_lost_at_its_deadline() {
-    let server = MemoryBackend::new();
     let faults = then(Then::AnswerFirst(2), Duration::ZERO);
-    let started = tokio::time::Instant::now();
-    let g = faulty(&server, &faults)
-        .acquire("x", &opts())
-        .await
-        .unwrap()
-        .unwrap();
-    let token = g.lost_token();
-    tokio::time::timeout(TTL * 3, token.cancelled())
-        .await
-        .expect("the lost signal was raised");
-    let at = started.elapsed();
+    let (_g, at) = lost_after(&faults, TTL * 3).await;
     // Renewals go out every third of the ttl, the second (the last
     // answered) at about two thirds of it.
     let last = TTL * 2 / 3;
