@@ -28,8 +28,9 @@ pub(super) struct Ask {
 }
 
 /// Each shared lease's last answer. Written by the tasks, read by the
-/// renewals.
-pub(super) type Recent = Arc<Mutex<HashMap<i64, Answer>>>;
+/// renewals (each renewal looks its lease up: the ids are the server's,
+/// so a fixed hasher serves).
+pub(super) type Recent = Arc<Mutex<HashMap<i64, Answer, foldhash::fast::FixedState>>>;
 
 /// A shared lease's last answer.
 #[derive(Debug, Clone, Copy)]
