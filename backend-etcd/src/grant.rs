@@ -77,6 +77,13 @@ impl EtcdBackend {
         });
     }
 
+    /// Reads the keys of the shared lease `lease` in the background
+    /// ([`KeyChecks::read_ahead`](crate::keycheck::KeyChecks::read_ahead)).
+    pub(crate) fn read_keys_ahead(&self, lease: i64) {
+        let b = self.clone();
+        spawn_ahead(async move { b.inner.keychecks.read_ahead(lease).await });
+    }
+
     /// Revokes `lease` (deleting its keys), logging failures: the lease
     /// then ends by its ttl.
     pub(crate) async fn revoke(self, lease: i64, limit: Duration) {

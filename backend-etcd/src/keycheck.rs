@@ -87,6 +87,8 @@ struct KeyList {
     sent: Instant,
     /// The lease lived (its ttl was above zero).
     alive: bool,
+    /// The next read was asked for ahead ([`KeyChecks::attached_known`]).
+    ahead: bool,
     /// The hashes of the keys found ([`KeyChecks::key_hash`]). They are
     /// seeded hashes already, so a fixed hasher spreads them.
     keys: HashSet<u64, FixedState>,
@@ -132,9 +134,36 @@ impl KeyChecks {
     /// Cancel safe: it only reads.
     pub(crate) async fn attached(&self, lease: i64, key: u64, not_before: Instant) -> Result<bool> {
         let reading = lock(&self.lists).entry(lease).or_default().reading.clone();
+        self.read_on(&reading, lease, key, not_before).await
+    }
+
+    /// Reads the keys of `lease` now, unless a read sent since is in or
+    /// in flight, for the renewals to come
+    /// ([`attached_known`](Self::attached_known) said to); nothing for a
+    /// lease forgotten. Errors are the next renewal's to meet.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub(crate) async fn read_ahead(&self, lease: i64) {
+        let now = Instant::now();
+        let Some(reading) = lock(&self.lists).get(&lease).map(|s| s.reading.clone()) else {
+            return;
+        };
+        let _ = self.read_on(&reading, lease, 0, now).await;
+    }
+
+    /// [`attached`](Self::attached) with the turn to read `lease`'s keys.
+    async fn read_on(
+        &self,
+        reading: &tokio::sync::Mutex<()>,
+        lease: i64,
+        key: u64,
+        not_before: Instant,
+    ) -> Result<bool> {
         let _turn = reading.lock().await;
         // A read that came in while this one waited for its turn serves.
-        if let Some(found) = self.attached_known(lease, key, not_before) {
+        if let Some((found, _)) = self.attached_known(lease, key, not_before, None) {
             return Ok(found);
         }
         let sent = Instant::now();
@@ -163,6 +192,7 @@ impl KeyChecks {
         let list = KeyList {
             sent,
             alive: r.ttl() > 0,
+            ahead: false,
             keys: r.keys().iter().map(|k| self.key_hash(k)).collect(),
         };
         let found = list.has(key);
@@ -178,11 +208,26 @@ impl KeyChecks {
 
     /// What [`attached`](Self::attached) would answer now from a read
     /// already made, without waiting; `None` when it would read (no read
-    /// so recent).
-    pub(crate) fn attached_known(&self, lease: i64, key: u64, not_before: Instant) -> Option<bool> {
-        let lists = lock(&self.lists);
-        let list = lists.get(&lease)?.list.as_ref()?;
-        (list.sent >= not_before).then(|| list.has(key))
+    /// so recent). With it, whether the caller should have the next read
+    /// made now ([`read_ahead`](Self::read_ahead)): true once for each
+    /// read, for the first caller that finds it sent at `ahead_after` or
+    /// before, so that the renewals after it find a new read rather than
+    /// each wait for one.
+    pub(crate) fn attached_known(
+        &self,
+        lease: i64,
+        key: u64,
+        not_before: Instant,
+        ahead_after: Option<Instant>,
+    ) -> Option<(bool, bool)> {
+        let mut lists = lock(&self.lists);
+        let list = lists.get_mut(&lease)?.list.as_mut()?;
+        if list.sent < not_before {
+            return None;
+        }
+        let ahead = !list.ahead && ahead_after.is_some_and(|a| list.sent <= a);
+        list.ahead |= ahead;
+        Some((list.has(key), ahead))
     }
 
     /// Forgets the key list of `lease` (it ended).

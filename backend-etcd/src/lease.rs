@@ -268,11 +268,19 @@ impl BackendLease for EtcdLease {
         }
         let recent = now.checked_sub(self.check_window);
         let not_before = recent.map_or(moved, |r| r.max(moved));
+        // Fifteen sixteenths through the window (62 ms of a second, two
+        // of the watchdog's grid steps): the next read is asked now, and
+        // is in before the window ends, at about one read a window.
+        let ahead_after = now.checked_sub(self.check_window * 15 / 16);
+        let (attached, ahead) =
+            inner
+                .keychecks
+                .attached_known(shared, self.key_hash, not_before, ahead_after)?;
+        if ahead {
+            b.read_keys_ahead(shared);
+        }
         // A key found gone: `renew` reads the same, and says so.
-        if !inner
-            .keychecks
-            .attached_known(shared, self.key_hash, not_before)?
-        {
+        if !attached {
             return None;
         }
         let valid_until = validity_deadline(sent, ttl);
