@@ -79,9 +79,9 @@ impl EtcdBackend {
 
     /// Reads the keys of the shared lease `lease` in the background
     /// ([`KeyChecks::read_ahead`](crate::keycheck::KeyChecks::read_ahead)).
-    pub(crate) fn read_keys_ahead(&self, lease: i64) {
+    pub(crate) fn read_keys_ahead(&self, lease: i64, after: Instant, limit: Duration) {
         let b = self.clone();
-        spawn_ahead(async move { b.inner.keychecks.read_ahead(lease).await });
+        spawn_ahead(async move { b.inner.keychecks.read_ahead(lease, after, limit).await });
     }
 
     /// Revokes `lease` (deleting its keys), logging failures: the lease

@@ -13,8 +13,8 @@
 //! every lock on it that asks within its window: a read sent after the
 //! lock moved there, and recently enough. The read keeps the keys it found
 //! as a set of their hashes, keyed with a seed of this handle: ten thousand
-//! renewals a second each look for one number (one or two reads of memory,
-//! where a sorted list took a dozen) rather than hash and compare a name.
+//! renewals a second each look for one number (one or two reads of
+//! memory) rather than hash and compare a name.
 //! A deleted key passes for a kept one if its hash equals another
 //! key's on the lease, and then on every read while that key stays (the
 //! seed does not change): with 2,048 keys on a lease, odds of about one in
@@ -66,8 +66,8 @@ pub(crate) struct KeyChecks {
     /// Reads per transaction, kept across tasks, lowered when the server
     /// refuses that many.
     batches: Batches<Check>,
-    /// The last read of each shared lease's keys, by lease id (ids the
-    /// server made: a fixed hasher serves).
+    /// The last read of each shared lease's keys, by lease id (random
+    /// ids: a fixed hasher serves).
     lists: Mutex<HashMap<i64, Slot, FixedState>>,
     /// The keys' hashes, with a seed of this handle.
     hasher: RandomState,
@@ -134,32 +134,37 @@ impl KeyChecks {
     /// Cancel safe: it only reads.
     pub(crate) async fn attached(&self, lease: i64, key: u64, not_before: Instant) -> Result<bool> {
         let reading = lock(&self.lists).entry(lease).or_default().reading.clone();
-        self.read_on(&reading, lease, key, not_before).await
+        self.read_on(&reading, lease, key, not_before, self.limit)
+            .await
     }
 
-    /// Reads the keys of `lease` now, unless a read sent since is in or
-    /// in flight, for the renewals to come
-    /// ([`attached_known`](Self::attached_known) said to); nothing for a
-    /// lease forgotten. Errors are the next renewal's to meet.
+    /// Reads the keys of `lease` for the renewals to come, unless a read
+    /// sent after the one at `after` is in by its turn (the read
+    /// [`attached_known`](Self::attached_known) asked ahead from); within
+    /// `limit`, a renewal's, so that the renewals waiting for the turn do
+    /// not wait longer than their own limit. Nothing for a lease
+    /// forgotten. Errors are the next renewal's to meet.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads.
-    pub(crate) async fn read_ahead(&self, lease: i64) {
-        let now = Instant::now();
+    pub(crate) async fn read_ahead(&self, lease: i64, after: Instant, limit: Duration) {
         let Some(reading) = lock(&self.lists).get(&lease).map(|s| s.reading.clone()) else {
             return;
         };
-        let _ = self.read_on(&reading, lease, 0, now).await;
+        let not_before = after + Duration::from_nanos(1);
+        let _ = self.read_on(&reading, lease, 0, not_before, limit).await;
     }
 
-    /// [`attached`](Self::attached) with the turn to read `lease`'s keys.
+    /// [`attached`](Self::attached) with the turn to read `lease`'s keys,
+    /// the read bounded by `limit`.
     async fn read_on(
         &self,
         reading: &tokio::sync::Mutex<()>,
         lease: i64,
         key: u64,
         not_before: Instant,
+        limit: Duration,
     ) -> Result<bool> {
         let _turn = reading.lock().await;
         // A read that came in while this one waited for its turn serves.
@@ -169,7 +174,7 @@ impl KeyChecks {
         let sent = Instant::now();
         let mut lc = self.client.lease_client();
         let opts = LeaseTimeToLiveOptions::new().with_keys();
-        let r = match tokio::time::timeout(self.limit, lc.time_to_live(lease, Some(opts))).await {
+        let r = match tokio::time::timeout(limit, lc.time_to_live(lease, Some(opts))).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
                 return Err(map_err(
@@ -183,8 +188,8 @@ impl KeyChecks {
                 return Err(Error::unavailable(
                     NAME,
                     format!(
-                        "reading the shared lease's keys on {}: no answer within {:?}",
-                        self.servers, self.limit
+                        "reading the shared lease's keys on {}: no answer within {limit:?}",
+                        self.servers
                     ),
                 ))
             }
@@ -208,18 +213,18 @@ impl KeyChecks {
 
     /// What [`attached`](Self::attached) would answer now from a read
     /// already made, without waiting; `None` when it would read (no read
-    /// so recent). With it, whether the caller should have the next read
-    /// made now ([`read_ahead`](Self::read_ahead)): true once for each
-    /// read, for the first caller that finds it sent at `ahead_after` or
-    /// before, so that the renewals after it find a new read rather than
-    /// each wait for one.
+    /// so recent). With it, when the caller should have the next read
+    /// made now ([`read_ahead`](Self::read_ahead)), the instant the read
+    /// it took was sent: once for each read, for the first caller that
+    /// finds it sent at `ahead_after` or before, so that the renewals
+    /// after it find a new read rather than each wait for one.
     pub(crate) fn attached_known(
         &self,
         lease: i64,
         key: u64,
         not_before: Instant,
         ahead_after: Option<Instant>,
-    ) -> Option<(bool, bool)> {
+    ) -> Option<(bool, Option<Instant>)> {
         let mut lists = lock(&self.lists);
         let list = lists.get_mut(&lease)?.list.as_mut()?;
         if list.sent < not_before {
@@ -227,7 +232,7 @@ impl KeyChecks {
         }
         let ahead = !list.ahead && ahead_after.is_some_and(|a| list.sent <= a);
         list.ahead |= ahead;
-        Some((list.has(key), ahead))
+        Some((list.has(key), ahead.then_some(list.sent)))
     }
 
     /// Forgets the key list of `lease` (it ended).

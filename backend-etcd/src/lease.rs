@@ -250,7 +250,8 @@ impl BackendLease for EtcdLease {
     /// [`renew`](BackendLease::renew) to take them, as it would. A
     /// keepalive answer three quarters through its window has the next
     /// keepalive sent in the background, once, so that the renewals due
-    /// after it find a new answer instead of each waiting on one.
+    /// after it find a new answer instead of each waiting on one; a read
+    /// of the keys fifteen sixteenths through its window, the next read.
     fn renew_known(&self, ttl: Duration) -> Option<Renewal> {
         let shared = self.shared.load(Ordering::Acquire);
         if ttl != self.ttl || shared == 0 || self.finished.load(Ordering::Acquire) {
@@ -270,14 +271,16 @@ impl BackendLease for EtcdLease {
         let not_before = recent.map_or(moved, |r| r.max(moved));
         // Fifteen sixteenths through the window (62 ms of a second, two
         // of the watchdog's grid steps): the next read is asked now, and
-        // is in before the window ends, at about one read a window.
+        // is in before the window ends when answered within the rest (or
+        // the renewals after read, as `renew` does); about one read a
+        // window.
         let ahead_after = now.checked_sub(self.check_window * 15 / 16);
         let (attached, ahead) =
             inner
                 .keychecks
                 .attached_known(shared, self.key_hash, not_before, ahead_after)?;
-        if ahead {
-            b.read_keys_ahead(shared);
+        if let Some(after) = ahead {
+            b.read_keys_ahead(shared, after, b.op_timeout(self.ttl));
         }
         // A key found gone: `renew` reads the same, and says so.
         if !attached {

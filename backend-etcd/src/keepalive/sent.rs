@@ -28,8 +28,8 @@ pub(super) struct Ask {
 }
 
 /// Each shared lease's last answer. Written by the tasks, read by the
-/// renewals (each renewal looks its lease up: the ids are the server's,
-/// so a fixed hasher serves).
+/// renewals (each renewal looks its lease up: the ids are random, so a
+/// fixed hasher serves).
 pub(super) type Recent = Arc<Mutex<HashMap<i64, Answer, foldhash::fast::FixedState>>>;
 
 /// A shared lease's last answer.
