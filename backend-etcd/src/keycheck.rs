@@ -152,7 +152,7 @@ impl KeyChecks {
         let Some(reading) = lock(&self.lists).get(&lease).map(|s| s.reading.clone()) else {
             return;
         };
-        let not_before = after + Duration::from_nanos(1);
+        let not_before = after.checked_add(Duration::from_nanos(1)).unwrap_or(after);
         let _ = self.read_on(&reading, lease, 0, not_before, limit).await;
     }
 
